@@ -1,0 +1,129 @@
+"""`python -m builder <command>`: the command line of ../shared/CONTRACT.md.
+
+Every failure a user can cause (bad arguments, missing or corrupt files, a prompt that cannot be
+decoded) ends as one line on stderr and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .corpus import DataError
+from .model import CheckpointError
+from .tasks import TASKS, PromptError
+
+EXIT_USAGE, EXIT_ERROR = 2, 1
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m builder", description="Frozen MTP in the browser: tooling.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    g = sub.add_parser("generate", help="greedy decoding from Python")
+    g.add_argument("--base", default="models/base", help="base checkpoint directory")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the user's text")
+    src.add_argument("--prompts-file", type=Path, help='JSON lines: {"prompt": "...", "task": "..."}')
+    g.add_argument("--task", default="continue", choices=list(TASKS))
+    g.add_argument("--mode", default="ar", choices=["ar"], help="ar: plain greedy decoding with the base alone")
+    g.add_argument("--k", type=int, default=4, help="tokens drafted per step (speculative modes)")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--backend", default="torch", choices=["torch"])
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
+
+    t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from the Python docs")
+    t.add_argument("--base", default="models/base", help="where the trained base is written")
+    t.add_argument("--steps", type=int, help="optimizer steps (default: the shipped model's)")
+    t.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def read_prompts(args) -> list[dict]:
+    if args.prompt is not None:
+        return [{"prompt": args.prompt, "task": args.task}]
+    path: Path = args.prompts_file
+    if not path.is_file():
+        raise PromptError(f"prompts file not found: {path}")
+    prompts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise PromptError(f'{path}:{n}: expected an object with a string "prompt"')
+        prompts.append({"prompt": obj["prompt"], "task": obj.get("task", args.task)})
+    if not prompts:
+        raise PromptError(f"{path} holds no prompts")
+    return prompts
+
+
+def cmd_generate(args) -> None:
+    from .generate import check_room, decode_ar
+    from .model import load_llama
+    from .tasks import decode, encode_prompt, load_tokenizer
+
+    base_dir = Path(args.base)
+    model, tok = load_llama(base_dir), load_tokenizer(base_dir)
+    eos = model.config.eos_token_id
+    jobs = []
+    for n, p in enumerate(read_prompts(args), 1):  # check every prompt before decoding any
+        where = f"prompt {n}: " if args.prompts_file else ""
+        try:
+            ids = encode_prompt(tok, p["task"], p["prompt"])
+            check_room(ids, args.max_new_tokens, model.config.max_position_embeddings)
+        except PromptError as e:
+            raise PromptError(where + str(e)) from None
+        jobs.append((p, ids))
+    for p, prompt_ids in jobs:
+        t0 = time.perf_counter()
+        out = decode_ar(model, prompt_ids, args.max_new_tokens, eos)
+        seconds = time.perf_counter() - t0
+        text = decode(tok, out.ids)
+        if args.json:
+            print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
+                              "backend": args.backend, "prompt_ids": prompt_ids, "ids": out.ids, "text": text,
+                              "steps": out.steps, "accepted": out.accepted, "margins": out.margins,
+                              "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
+        else:
+            print(text, flush=True)
+
+
+def cmd_train_base(args) -> None:
+    from .train_base import TrainConfig, train_and_report
+
+    cfg = TrainConfig(seed=args.seed)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise PromptError(f"--steps must be at least 1, got {args.steps}")
+        cfg.steps = args.steps
+    log = train_and_report(Path(args.base), cfg)
+    print(f"wrote {args.base}: validation loss {log['validation']['loss_continue']:.3f}, "
+          f"proofread exact-fix {log['validation']['proofread_exact_fix']:.1%}")
+
+
+COMMANDS = {"generate": cmd_generate, "train-base": cmd_train_base}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except (CheckpointError, PromptError, DataError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    return 0

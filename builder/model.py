@@ -1,0 +1,287 @@
+"""The one model definition: a Llama-family decoder, read and written as a Hugging Face checkpoint.
+
+Used for training, reference decoding and export alike. Parameter names equal those of
+`transformers`' LlamaForCausalLM, so a state dict maps one to one onto `model.safetensors`.
+
+KV cache layout: per layer a pair (key, value), each (B, S, n_kv_heads, head_dim): the sequence axis
+comes right after the batch axis, so the first n positions of a cache are themselves a valid cache of
+length n (rollback is a prefix view, with no copy).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, S, n_kv_heads, head_dim)
+
+
+class CheckpointError(Exception):
+    """A checkpoint directory is missing, incomplete, corrupt or of an unsupported kind."""
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 4096              # tokens in the vocabulary
+    hidden_size: int = 256              # width of the residual stream
+    intermediate_size: int = 704        # width of the SwiGLU MLP
+    num_hidden_layers: int = 6          # decoder layers
+    num_attention_heads: int = 8        # query heads
+    num_key_value_heads: int = 4        # key/value heads (grouped-query attention when fewer than query heads)
+    max_position_embeddings: int = 256  # context window, in tokens
+    rms_norm_eps: float = 1e-5          # epsilon of every RMSNorm
+    rope_theta: float = 10000.0         # base of the rotary position embedding
+    tie_word_embeddings: bool = True    # the LM head shares the embedding matrix
+    attention_bias: bool = False        # biases on q/k/v projections (Qwen2-style checkpoints)
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_hf(self) -> dict:
+        d = asdict(self)
+        d.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
+                 head_dim=self.head_dim, mlp_bias=False, attention_dropout=0.0,
+                 initializer_range=0.02, rope_scaling=None, torch_dtype="float32", use_cache=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta})  # transformers >= 5
+        return d
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "LlamaConfig":
+        model_type = d.get("model_type")
+        if model_type not in ("llama", "qwen2"):
+            raise CheckpointError(f"unsupported model_type {model_type!r}: only Llama-family checkpoints are supported")
+        unsupported = []
+        rope = d.get("rope_parameters") or {}  # transformers >= 5 writes rope_theta here
+        if rope.get("rope_type", "default") != "default":
+            unsupported.append(f"rope_parameters={rope!r}")
+        if "rope_theta" in rope:
+            d = {**d, "rope_theta": rope["rope_theta"]}
+        if d.get("hidden_act", "silu") != "silu":
+            unsupported.append(f"hidden_act={d['hidden_act']!r}")
+        if d.get("rope_scaling"):
+            unsupported.append(f"rope_scaling={d['rope_scaling']!r}")
+        if d.get("mlp_bias"):
+            unsupported.append("mlp_bias=true")
+        if d.get("head_dim") not in (None, d["hidden_size"] // d["num_attention_heads"]):
+            unsupported.append(f"head_dim={d['head_dim']} (not hidden_size / num_attention_heads)")
+        if unsupported:
+            raise CheckpointError("unsupported configuration: " + ", ".join(unsupported))
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        kwargs.setdefault("num_key_value_heads", d["num_attention_heads"])
+        kwargs["attention_bias"] = bool(d.get("attention_bias", model_type == "qwen2"))
+        if isinstance(kwargs.get("eos_token_id"), list):
+            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
+        return cls(**kwargs)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
+    """cos and sin for the given positions (T,), each (T, head_dim), in Hugging Face's half-split layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, head_dim)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, T, H, D); cos, sin: (T, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+
+
+def attend(q, k, v, past_len: int):
+    """Causal attention of T new queries at positions past_len.. over S = past_len + T keys.
+
+    q: (B, T, Hq, D); k, v: (B, S, Hkv, D) -> (B, T, Hq, D). Grouped-query: each key/value head serves
+    Hq / Hkv query heads.
+    """
+    T, S = q.shape[1], k.shape[1]
+    groups = q.shape[2] // k.shape[2]
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T|S, D)
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    q_pos = torch.arange(T, device=q.device)[:, None] + past_len
+    mask = torch.arange(S, device=q.device)[None, :] <= q_pos  # (T, S)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, Hq, T, D)
+    return y.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, past: KV | None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past_len = 0
+        if past is not None:
+            past_len = past[0].shape[1]
+            k = torch.cat((past[0], k), dim=1)  # (B, S, n_kv, D)
+            v = torch.cat((past[1], v), dim=1)
+        y = attend(q, k, v, past_len)  # (B, T, Hq, D)
+        return self.o_proj(y.reshape(B, T, -1)), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, past: KV | None):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, past)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, present
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+            layers=nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)),
+            norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+        ))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def init_weights(self, seed: int):
+        """GPT-2 style initialisation (the residual output projections scaled by depth)."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            else:
+                std = 0.02 / math.sqrt(2 * self.config.num_hidden_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                with torch.no_grad():
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def forward(self, input_ids: torch.Tensor, past: list[KV] | None = None):
+        """input_ids (B, T) at positions past_len..past_len+T-1.
+
+        Returns logits (B, T, V), hidden (B, T, C) - the final normed hidden states the LM head reads -
+        and the present cache: per layer (key, value), each (B, past_len + T, n_kv_heads, head_dim).
+        """
+        past_len = past[0][0].shape[1] if past else 0
+        T = input_ids.shape[1]
+        cos, sin = rope_cos_sin(torch.arange(past_len, past_len + T, device=input_ids.device),
+                                self.config.head_dim, self.config.rope_theta)
+        x = self.model.embed_tokens(input_ids)  # (B, T, C)
+        present = []
+        for i, layer in enumerate(self.model.layers):
+            x, kv = layer(x, cos, sin, past[i] if past else None)
+            present.append(kv)
+        hidden = self.model.norm(x)  # (B, T, C)
+        return self.lm_head(hidden), hidden, present
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+# --- Hugging Face checkpoint I/O ------------------------------------------------------------------
+
+def load_config(directory: str | Path) -> dict:
+    path = Path(directory) / "config.json"
+    if not Path(directory).is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {directory}")
+    if not path.is_file():
+        raise CheckpointError(f"missing {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+
+
+def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Reads model.safetensors, with a clear error when it is missing or corrupt."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(directory) / "model.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"missing {path}")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is corrupt or not a safetensors file: {e}") from None
+
+
+def load_llama(directory: str | Path) -> Llama:
+    """Loads a Hugging Face Llama-family checkpoint (config.json + model.safetensors) in fp32."""
+    cfg = LlamaConfig.from_hf(load_config(directory))
+    model = Llama(cfg)
+    state = {k: v.to(torch.float32) for k, v in load_state(directory).items()}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    unexpected = {k for k in unexpected if not k.endswith("rotary_emb.inv_freq")}
+    if missing or unexpected:
+        raise CheckpointError(f"{Path(directory) / 'model.safetensors'} does not match config.json: "
+                              f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    for k in expected:
+        if state[k].shape != model.state_dict()[k].shape:
+            raise CheckpointError(f"{k} has shape {tuple(state[k].shape)}, config.json implies "
+                                  f"{tuple(model.state_dict()[k].shape)}")
+    model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
+def save_llama(model: Llama, directory: str | Path) -> None:
+    """Writes config.json and model.safetensors as transformers' save_pretrained would."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})

@@ -1,0 +1,166 @@
+"""The frozen MTP head: drafts k tokens from the base's hidden state and KV cache.
+
+One draft step (EAGLE / Gemma-4 MTP style), for the draft at position p = anchor + j:
+
+    z = fc([norm(embed(token at p)); norm(h)])          h: the base's final hidden state at the anchor
+                                                          (j = 1), then the head's own output (j > 1)
+    z = z + attn(norm(z))      queries from z; keys/values: the base's cache of layer `kv_layer` at
+                               positions 0..anchor, plus the head's own keys of this chain's drafts
+    z = z + mlp(norm(z))
+    h = norm(z);  draft = argmax(base.lm_head(h))
+
+The head reuses the base's embedding and LM head and reads its KV cache as it is: it has no cache of
+its own over the prompt and no prefill. Within one step it keeps the keys/values of its at most k
+drafts (the chain), which are dropped after the step.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .model import MLP, CheckpointError, Llama, LlamaConfig, RMSNorm, apply_rope, load_config, load_state, rope_cos_sin
+
+
+@dataclass
+class HeadConfig:
+    hidden_size: int              # = the base's
+    intermediate_size: int        # the head's MLP width
+    num_attention_heads: int      # = the base's (queries read the base's keys)
+    num_key_value_heads: int      # = the base's
+    kv_layer: int                 # which base layer's KV cache the head attends to
+    rms_norm_eps: float
+    rope_theta: float
+    k_train: int = 6              # draft chain length trained for (the most k it is used with)
+    base_fingerprint: str = ""    # base_fingerprint() of the base the head was trained for
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def for_base(cls, base: LlamaConfig, **overrides) -> "HeadConfig":
+        cfg = cls(hidden_size=base.hidden_size, intermediate_size=base.intermediate_size,
+                  num_attention_heads=base.num_attention_heads, num_key_value_heads=base.num_key_value_heads,
+                  kv_layer=base.num_hidden_layers - 1, rms_norm_eps=base.rms_norm_eps, rope_theta=base.rope_theta)
+        for k, v in overrides.items():
+            setattr(cfg, k, v)
+        return cfg
+
+
+def base_fingerprint(base: Llama) -> str:
+    """sha256 over the base's parameter names, shapes and fp32 values (independent of file layout)."""
+    h = hashlib.sha256()
+    for name, t in sorted(base.state_dict().items()):
+        h.update(f"{name}:{tuple(t.shape)};".encode())
+        h.update(t.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class HeadAttention(nn.Module):
+    """Queries from the head's input; keys/values from the base's cache plus the chain's own."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, base_k, base_v, base_mask, chain: list):
+        """x (B, N, C): one query per anchor. base_k/v (B, S, n_kv, D); base_mask (N, S), True where
+        anchor n may read base position s. chain: this chain's earlier (k, v), each (B, N, n_kv, D);
+        the new (k, v) is appended to it."""
+        B, N, _ = x.shape
+        g = self.n_heads // self.n_kv
+        q = apply_rope(self.q_proj(x).view(B, N, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(B, N, self.n_kv, self.head_dim), cos, sin)
+        chain.append((k, self.v_proj(x).view(B, N, self.n_kv, self.head_dim)))
+        kb, vb = base_k.repeat_interleave(g, dim=2), base_v.repeat_interleave(g, dim=2)  # (B, S, H, D)
+        ko = torch.stack([c[0] for c in chain], dim=3).repeat_interleave(g, dim=2)      # (B, N, H, J, D)
+        vo = torch.stack([c[1] for c in chain], dim=3).repeat_interleave(g, dim=2)
+        scale = self.head_dim ** -0.5
+        s_base = torch.einsum("bnhd,bshd->bhns", q, kb) * scale                          # (B, H, N, S)
+        s_base = s_base.masked_fill(~base_mask, float("-inf"))
+        s_own = torch.einsum("bnhd,bnhjd->bhnj", q, ko) * scale                          # (B, H, N, J)
+        p = torch.cat((s_base, s_own), dim=-1).softmax(dim=-1)
+        S = kb.shape[1]
+        y = torch.einsum("bhns,bshd->bnhd", p[..., :S], vb) + torch.einsum("bhnj,bnhjd->bnhd", p[..., S:], vo)
+        return self.o_proj(y.reshape(B, N, -1))
+
+
+class MTPHead(nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.config = cfg
+        C = cfg.hidden_size
+        self.norm_embed = RMSNorm(C, cfg.rms_norm_eps)
+        self.norm_hidden = RMSNorm(C, cfg.rms_norm_eps)
+        self.fc = nn.Linear(2 * C, C, bias=False)
+        self.input_layernorm = RMSNorm(C, cfg.rms_norm_eps)
+        self.self_attn = HeadAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(C, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.norm = RMSNorm(C, cfg.rms_norm_eps)
+
+    def step(self, hidden, token_embed, positions, base_k, base_v, base_mask, chain):
+        """One draft for every anchor: hidden, token_embed (B, N, C) at positions (N,) -> new hidden (B, N, C)."""
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        z = self.fc(torch.cat((self.norm_embed(token_embed), self.norm_hidden(hidden)), dim=-1))
+        z = z + self.self_attn(self.input_layernorm(z), cos, sin, base_k, base_v, base_mask, chain)
+        z = z + self.mlp(self.post_attention_layernorm(z))
+        return self.norm(z)
+
+    @torch.no_grad()
+    def draft(self, base: Llama, hidden: torch.Tensor, token: int, cache, k: int) -> list[int]:
+        """k greedy drafts after the anchor: hidden (C,) is the base's at the anchor, the last cached
+        position; token is the base's choice there (not yet in the cache)."""
+        base_k, base_v = cache[self.config.kv_layer]  # (1, S, n_kv, D), positions 0..anchor
+        S = base_k.shape[1]
+        mask = torch.ones(1, S, dtype=torch.bool)
+        h, tok, chain, drafts = hidden.view(1, 1, -1), torch.tensor([[token]]), [], []
+        for j in range(1, k + 1):
+            h = self.step(h, base.model.embed_tokens(tok), torch.tensor([S - 1 + j]), base_k, base_v, mask, chain)
+            tok = base.lm_head(h).argmax(dim=-1)  # (1, 1)
+            drafts.append(int(tok))
+        return drafts
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def save_head(head: MTPHead, directory: str | Path, extra: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = {"model_type": "frozen_mtp_head", **asdict(head.config), **(extra or {})}
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+
+
+def load_head(directory: str | Path, base: Llama) -> MTPHead:
+    """Loads a head and checks it was trained for this very base (by fingerprint)."""
+    d = load_config(directory)
+    if d.get("model_type") != "frozen_mtp_head":
+        raise CheckpointError(f"{Path(directory) / 'config.json'} is not an MTP head (model_type {d.get('model_type')!r})")
+    cfg = HeadConfig(**{f.name: d[f.name] for f in fields(HeadConfig) if f.name in d})
+    fp = base_fingerprint(base)
+    if cfg.base_fingerprint != fp:
+        raise CheckpointError(f"the head in {directory} was trained for another base (fingerprint "
+                              f"{cfg.base_fingerprint[:12]}, this base is {fp[:12]}): train a head for it "
+                              f"with `python -m builder train-head`")
+    head = MTPHead(cfg)
+    try:
+        head.load_state_dict(load_state(directory))
+    except RuntimeError as e:
+        raise CheckpointError(f"{Path(directory) / 'model.safetensors'} does not match its config.json: "
+                              f"{str(e).splitlines()[0]}") from None
+    return head.eval()

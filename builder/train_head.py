@@ -1,0 +1,260 @@
+"""Train the MTP head on the frozen base by self-distillation.
+
+1. Prompts of both tasks from the training split; the base writes its own greedy continuation of each
+   (batched by prompt length, so no padding is needed).
+2. For every sequence the frozen base runs once (no gradients) and gives its hidden states and its KV
+   cache. Every position t from the last-but-one prompt token on is an anchor, as at decode time: the
+   head drafts the chain seq[t+2], seq[t+3], .. from (hidden[t], seq[t+1]) and the base's cache up to
+   t, its own output hidden fed to the next draft. The loss is cross-entropy with the base's greedy
+   token at each of the k draft positions.
+   The chain is fed the base's tokens, not the head's own drafts: a draft only matters when every draft
+   before it was accepted, i.e. equal to the base's token, so on every chain that counts the two agree.
+3. The base's parameters have requires_grad off and are checked bit-for-bit unchanged at the end.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .corpus import Corpus, load_corpus, proofread_pairs, validation_prompts
+from .generate import TorchBackend, decode, decode_ar
+from .model import Llama, load_llama
+from .mtp import HeadConfig, MTPHead, base_fingerprint, save_head
+from .tasks import decode as decode_text, encode_prompt, encode_text, load_tokenizer
+
+
+@dataclass
+class HeadTrainConfig:
+    seed: int = 0
+    k: int = 6                    # draft chain length trained
+    prompts_per_task: int = 2000  # self-distillation prompts per task
+    new_tokens: int = 64          # greedy tokens the base writes per prompt (proofread stops at its end token)
+    batch_size: int = 16          # sequences per step
+    steps: int = 1500
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    eval_prompts: int = 60        # validation prompts per task for the tau table
+
+
+# --- 1. the base's own continuations --------------------------------------------------------------
+
+def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
+    """Prompt ids of both tasks from the training split: continue prefixes of 4-40 tokens, proofread pairs."""
+    rng = random.Random(seed)
+    prompts = []
+    cont = encode_prompt(tok, "continue", "x")[0]
+    for text in rng.sample(corpus.train, n):
+        ids = encode_text(tok, text)
+        prompts.append([cont] + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
+    for typo, _ in rng.sample(proofread_pairs(corpus.train, seed), n):
+        prompts.append(encode_prompt(tok, "proofread", typo))
+    return prompts
+
+
+@torch.no_grad()
+def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int, eos: int, batch: int = 64):
+    """The base's greedy continuation of every prompt, as (prompt_len, full sequence) pairs."""
+    by_len = defaultdict(list)
+    for p in prompts:
+        by_len[len(p)].append(p)
+    out = []
+    groups = [g[i:i + batch] for g in by_len.values() for i in range(0, len(g), batch)]
+    for group in tqdm(groups, desc="self-distillation data", unit="batch"):
+        ids = torch.tensor(group)
+        room = min(new_tokens, base.config.max_position_embeddings - ids.shape[1])
+        logits, _, cache = base(ids)
+        seqs = [ids]
+        for _ in range(room):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            seqs.append(nxt)
+            if bool((torch.cat(seqs[1:], 1) == eos).any(1).all()):
+                break
+            logits, _, cache = base(nxt, cache)
+        full = torch.cat(seqs, 1).tolist()
+        for seq in full:
+            new = seq[len(group[0]):]
+            if eos in new:
+                new = new[: new.index(eos) + 1]
+            out.append((len(group[0]), seq[: len(group[0])] + new))
+    return out
+
+
+# --- 2. training ---------------------------------------------------------------------------------
+
+def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int):
+    """Mean cross-entropy over the k draft positions of every anchor.
+
+    seqs (B, N) token ids; valid (B, N) True where the token is one the base wrote (a target).
+    Returns the loss and, per draft position, (correct, counted) for accuracy.
+    """
+    B, N = seqs.shape
+    with torch.no_grad():
+        _, hidden, cache = base(seqs)
+    base_k, base_v = cache[head.config.kv_layer]
+    mask = torch.ones(N, N, dtype=torch.bool).tril()  # anchor t reads base positions <= t
+    embed = base.model.embed_tokens
+    h, chain, total, stats = hidden, [], 0.0, []
+    pad = lambda t, j: F.pad(t[:, j:], (0, j))  # noqa: E731  shift left by j, zero-padded
+    for j in range(1, k + 1):
+        h = head.step(h, embed(pad(seqs, j)), torch.arange(N) + j, base_k, base_v, mask, chain)
+        logits = base.lm_head(h)  # (B, N, V)
+        target, ok = pad(seqs, j + 1), pad(valid, j + 1)
+        loss = F.cross_entropy(logits[ok], target[ok]) if ok.any() else logits.sum() * 0
+        total = total + loss
+        stats.append((int((logits[ok].argmax(-1) == target[ok]).sum()), int(ok.sum())))
+    return total / k, stats
+
+
+def make_batches(data, batch: int, rng: random.Random):
+    """Endless batches of similar length, right-padded (causal attention ignores the padding)."""
+    data = sorted(data, key=lambda d: len(d[1]))
+    groups = [data[i:i + batch] for i in range(0, len(data), batch)]
+    while True:
+        rng.shuffle(groups)
+        for g in groups:
+            N = max(len(s) for _, s in g)
+            seqs = torch.zeros(len(g), N, dtype=torch.long)
+            valid = torch.zeros(len(g), N, dtype=torch.bool)
+            for i, (p, s) in enumerate(g):
+                seqs[i, : len(s)] = torch.tensor(s)
+                valid[i, p: len(s)] = True
+            yield seqs, valid
+
+
+def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None):
+    torch.manual_seed(cfg.seed)
+    for p in base.parameters():
+        p.requires_grad_(False)
+    before = base_fingerprint(base)
+    t0 = time.time()
+    eos = base.config.eos_token_id
+    data = greedy_continuations(base, training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed), cfg.new_tokens, eos)
+    data_seconds = time.time() - t0
+
+    head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k))
+    g = torch.Generator().manual_seed(cfg.seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
+    head.train()
+    bar = tqdm(range(cfg.steps), desc="train-head", unit="step")
+    recent = []
+    for step in bar:
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss, stats = chain_loss(head, base, *next(batches), cfg.k)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        recent = (recent + [(loss.item(), stats)])[-50:]
+        if step % 10 == 0:
+            acc = [sum(s[j][0] for _, s in recent) / max(1, sum(s[j][1] for _, s in recent)) for j in range(cfg.k)]
+            bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}", acc1=f"{acc[0]:.2f}", acck=f"{acc[-1]:.2f}")
+    head.eval()
+    if base_fingerprint(base) != before:
+        raise RuntimeError("the base's weights changed during head training")
+    head.config.base_fingerprint = before
+    return head, {"train_config": asdict(cfg), "data_seconds": round(data_seconds),
+                  "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data),
+                  "distilled_tokens": sum(len(s) - p for p, s in data),
+                  "final_loss": sum(l for l, _ in recent) / len(recent),
+                  "head_parameters": head.num_params(), "base_parameters": sum(p.numel() for p in base.parameters()),
+                  "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
+
+
+# --- 3. acceptance on validation prompts -----------------------------------------------------------
+
+def measure_acceptance(base: Llama, head: MTPHead, tok, prompts: list[dict], ks, max_new_tokens: int = 48) -> dict:
+    """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy."""
+    eos = base.config.eos_token_id
+    table = {}
+    for task in sorted({p["task"] for p in prompts}):
+        items = [encode_prompt(tok, task, p["prompt"]) for p in prompts if p["task"] == task]
+        refs = [decode_ar(base, ids, max_new_tokens, eos).ids for ids in items]
+        for k in ks:
+            accepted, mismatches = [], 0
+            for ids, ref in zip(items, refs):
+                out = decode(TorchBackend(base, head), ids, max_new_tokens, eos, k)
+                mismatches += out.ids != ref
+                accepted += out.accepted
+            table[f"{task}/k={k}"] = {
+                "task": task, "k": k, "prompts": len(items), "steps": len(accepted),
+                "tau": sum(a + 1 for a in accepted) / len(accepted),
+                "accept_by_position": [sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)],
+                "mismatches": mismatches}
+    return table
+
+
+def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig) -> dict:
+    """What `train-head` does: distil, train, check the base, save, measure, write the model card."""
+    base, tok = load_llama(base_dir), load_tokenizer(base_dir)
+    corpus = load_corpus()
+    head, log = train_head(base, tok, corpus, cfg)
+    save_head(head, out)
+    log["acceptance"] = measure_acceptance(base, head, tok, validation_prompts(corpus, cfg.eval_prompts), range(1, 7))
+    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    write_card(out, log, head.config)
+    return log
+
+
+def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
+    acc = log["acceptance"]
+    rows = "\n".join(
+        f"| {r['task']} | {r['k']} | {r['tau']:.2f} | " + " ".join(f"{a:.2f}" for a in r["accept_by_position"])
+        + f" | {r['prompts']} | {r['mismatches']} |" for r in acc.values())
+    t = log["train_config"]
+    (out / "README.md").write_text(f"""# Frozen MTP head for `models/base`
+
+A multi-token-prediction head trained on the **frozen** base in `models/base` (fingerprint
+`{hc.base_fingerprint[:16]}...` in `config.json`; loading it against another base fails). Reproduce it
+with `python -m builder train-head` (seeded).
+
+## Architecture
+
+One draft step: `fc([norm(embed(token)); norm(hidden)])`, then one decoder layer whose attention takes
+its queries from the head and its keys/values from the base's layer-{hc.kv_layer} KV cache (positions up to the
+anchor) plus the head's own keys of the current chain, a SwiGLU MLP ({hc.intermediate_size} wide) and a final
+RMSNorm; the draft is the argmax of the base's own LM head. The output hidden state feeds the next
+draft, so each draft is conditioned on the previous one. The head reuses the base's embedding and LM
+head and keeps no cache over the prompt: no prefill.
+
+| | |
+| --- | --- |
+| head parameters | {log['head_parameters']:,}: {log['head_parameters'] / log['base_parameters']:.1%} of the base's {log['base_parameters']:,}, {log['head_parameters'] / log['base_layer_parameters']:.2f} of its decoder layers ({log['base_layer_parameters']:,} each) |
+| trained chain length | k = {hc.k_train} |
+
+## Training (self-distillation, base frozen)
+
+{t['prompts_per_task']} training-split prompts per task (`continue` prefixes and `proofread` sentences with
+typos); the base wrote its own greedy continuation of each ({log['sequences']} sequences, {log['distilled_tokens']:,}
+tokens, {log['data_seconds']} s). The head was trained to predict the base's greedy token at each of the
+{t['k']} draft positions of every anchor, its own hidden state fed back: {t['steps']} AdamW steps of
+{t['batch_size']} sequences, lr {t['lr']}, seed {t['seed']}, **{log['train_seconds'] / 60:.0f} minutes** on a 2-core CPU.
+The base's parameters never required gradients and were checked bit-for-bit unchanged afterwards.
+Final training loss {log['final_loss']:.3f}.
+
+## Acceptance on validation prompts (never trained on)
+
+tau = mean over decode steps of (accepted drafts + 1): tokens decided per base pass. Acceptance by
+position i = share of steps whose i-th draft was accepted. Greedy, up to 48 new tokens; "mismatches"
+counts outputs that differ from plain greedy decoding (must be 0).
+
+| task | k | tau | acceptance by position | prompts | mismatches |
+| --- | --- | --- | --- | --- | --- |
+{rows}
+""")

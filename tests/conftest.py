@@ -1,0 +1,40 @@
+"""Shared fixtures: the shipped base model, its tokenizer and validation prompts no training saw."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_DIR = ROOT / "models" / "base"
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def base():
+    from builder.model import load_llama
+
+    return load_llama(BASE_DIR)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from builder.tasks import load_tokenizer
+
+    return load_tokenizer(BASE_DIR)
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    from builder.corpus import load_corpus
+
+    return load_corpus()
+
+
+@pytest.fixture(scope="session")
+def validation_prompts(corpus):
+    from builder.corpus import validation_prompts
+
+    return validation_prompts(corpus, 30)
