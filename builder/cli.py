@@ -34,7 +34,9 @@ def build_parser() -> Parser:
     src.add_argument("--prompt", help="the user's text")
     src.add_argument("--prompts-file", type=Path, help='JSON lines: {"prompt": "...", "task": "..."}')
     g.add_argument("--task", default="continue", choices=list(TASKS))
-    g.add_argument("--mode", default="ar", choices=["ar"], help="ar: plain greedy decoding with the base alone")
+    g.add_argument("--head", default="models/mtp", help="MTP head directory (mode mtp)")
+    g.add_argument("--mode", default="ar", choices=["ar", "mtp"],
+                   help="ar: plain greedy decoding with the base alone; mtp: the MTP head drafts, the base verifies")
     g.add_argument("--k", type=int, default=4, help="tokens drafted per step (speculative modes)")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--backend", default="torch", choices=["torch"])
@@ -44,6 +46,12 @@ def build_parser() -> Parser:
     t.add_argument("--base", default="models/base", help="where the trained base is written")
     t.add_argument("--steps", type=int, help="optimizer steps (default: the shipped model's)")
     t.add_argument("--seed", type=int, default=0)
+
+    h = sub.add_parser("train-head", help="reproduce models/mtp: the MTP head, trained on the frozen base")
+    h.add_argument("--base", default="models/base", help="the frozen base checkpoint")
+    h.add_argument("--head", default="models/mtp", help="where the trained head is written")
+    h.add_argument("--steps", type=int, help="optimizer steps (default: the shipped head's)")
+    h.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -70,13 +78,18 @@ def read_prompts(args) -> list[dict]:
 
 
 def cmd_generate(args) -> None:
-    from .generate import check_room, decode_ar
+    from .generate import TorchBackend, check_room, decode
     from .model import load_llama
-    from .tasks import decode, encode_prompt, load_tokenizer
+    from .mtp import load_head
+    from .tasks import decode as decode_text, encode_prompt, load_tokenizer
 
+    if args.mode != "ar" and not 1 <= args.k <= 16:
+        raise PromptError(f"--k must be between 1 and 16, got {args.k}")
     base_dir = Path(args.base)
     model, tok = load_llama(base_dir), load_tokenizer(base_dir)
     eos = model.config.eos_token_id
+    backend = TorchBackend(model, load_head(args.head, model) if args.mode == "mtp" else None)
+    k = args.k if args.mode != "ar" else 0
     jobs = []
     for n, p in enumerate(read_prompts(args), 1):  # check every prompt before decoding any
         where = f"prompt {n}: " if args.prompts_file else ""
@@ -88,13 +101,14 @@ def cmd_generate(args) -> None:
         jobs.append((p, ids))
     for p, prompt_ids in jobs:
         t0 = time.perf_counter()
-        out = decode_ar(model, prompt_ids, args.max_new_tokens, eos)
+        out = decode(backend, prompt_ids, args.max_new_tokens, eos, k)
         seconds = time.perf_counter() - t0
-        text = decode(tok, out.ids)
+        text = decode_text(tok, out.ids)
         if args.json:
             print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
                               "backend": args.backend, "prompt_ids": prompt_ids, "ids": out.ids, "text": text,
-                              "steps": out.steps, "accepted": out.accepted, "margins": out.margins,
+                              "steps": out.steps, "accepted": out.accepted,
+                              "margins": out.margins if args.mode == "ar" else [],
                               "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
         else:
             print(text, flush=True)
@@ -113,7 +127,20 @@ def cmd_train_base(args) -> None:
           f"proofread exact-fix {log['validation']['proofread_exact_fix']:.1%}")
 
 
-COMMANDS = {"generate": cmd_generate, "train-base": cmd_train_base}
+def cmd_train_head(args) -> None:
+    from .train_head import HeadTrainConfig, train_and_report
+
+    cfg = HeadTrainConfig(seed=args.seed)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise PromptError(f"--steps must be at least 1, got {args.steps}")
+        cfg.steps = args.steps
+    log = train_and_report(Path(args.base), Path(args.head), cfg)
+    k4 = {t: log["acceptance"][f"{t}/k=4"]["tau"] for t in TASKS}
+    print(f"wrote {args.head}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
+
+
+COMMANDS = {"generate": cmd_generate, "train-base": cmd_train_base, "train-head": cmd_train_head}
 
 
 def main(argv: list[str] | None = None) -> int:

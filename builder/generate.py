@@ -134,3 +134,18 @@ def decode_naive(model: Llama, prompt_ids: list[int], max_new_tokens: int, eos_i
         if seq[-1] == eos_id:
             break
     return seq[len(prompt_ids):]
+
+
+NEAR_TIE = 1e-3  # CONTRACT.md: a divergence is excused only where the reference's margin is below this
+
+
+def compare_to_reference(ref: Decoded, ids: list[int]) -> tuple[str, int | None]:
+    """CONTRACT.md's exactness rule. Returns ("equal", None), ("near-tie", i) where the first difference
+    is at a reference position whose top-1/top-2 margin is below NEAR_TIE (the rest is not compared),
+    or ("mismatch", i)."""
+    for i, (a, b) in enumerate(zip(ref.ids, ids)):
+        if a != b:
+            return ("near-tie" if ref.margins[i] < NEAR_TIE else "mismatch"), i
+    if len(ref.ids) != len(ids):
+        return "mismatch", min(len(ref.ids), len(ids))
+    return "equal", None
