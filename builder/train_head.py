@@ -36,11 +36,11 @@ from .tasks import decode as decode_text, encode_prompt, encode_text, load_token
 class HeadTrainConfig:
     seed: int = 0
     k: int = 6                    # draft chain length trained
-    prompts_per_task: int = 2000  # self-distillation prompts per task
+    prompts_per_task: int = 4000  # self-distillation prompts per task
     new_tokens: int = 64          # greedy tokens the base writes per prompt (proofread stops at its end token)
     batch_size: int = 16          # sequences per step
-    steps: int = 1500
-    lr: float = 1e-3
+    steps: int = 1800
+    lr: float = 1.5e-3
     warmup: int = 50
     weight_decay: float = 0.0
     eval_prompts: int = 60        # validation prompts per task for the tau table
