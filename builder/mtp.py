@@ -122,14 +122,20 @@ class MTPHead(nn.Module):
         """k greedy drafts after the anchor: hidden (C,) is the base's at the anchor, the last cached
         position; token is the base's choice there (not yet in the cache)."""
         base_k, base_v = cache[self.config.kv_layer]  # (1, S, n_kv, D), positions 0..anchor
+        return self.draft_ids(base, hidden.view(1, 1, -1), torch.tensor([[token]]), base_k, base_v, k)[0].tolist()
+
+    def draft_ids(self, base: Llama, hidden, token, base_k, base_v, k: int) -> torch.Tensor:
+        """The draft chain on tensors (also what the ONNX head graph runs, unrolled): hidden (1, 1, C) at
+        the anchor, token (1, 1), base_k/v (1, S, n_kv, D) the cache of layer kv_layer -> drafts (1, k)."""
         S = base_k.shape[1]
         mask = torch.ones(1, S, dtype=torch.bool)
-        h, tok, chain, drafts = hidden.view(1, 1, -1), torch.tensor([[token]]), [], []
+        h, tok, chain, drafts = hidden, token, [], []
         for j in range(1, k + 1):
-            h = self.step(h, base.model.embed_tokens(tok), torch.tensor([S - 1 + j]), base_k, base_v, mask, chain)
+            positions = torch.arange(S - 1 + j, S + j)  # (1,): the draft's position
+            h = self.step(h, base.model.embed_tokens(tok), positions, base_k, base_v, mask, chain)
             tok = base.lm_head(h).argmax(dim=-1)  # (1, 1)
-            drafts.append(int(tok))
-        return drafts
+            drafts.append(tok)
+        return torch.cat(drafts, dim=1)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
