@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import warnings
 from pathlib import Path
 
@@ -115,6 +116,7 @@ def names(spec: list[dict]) -> list[str]:
 
 
 def export_graph(module: nn.Module, args: tuple, spec: dict, dynamic_shapes, path: Path) -> None:
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(module.eval(), args, str(path), input_names=names(spec["inputs"]),
@@ -147,19 +149,23 @@ def export_head(head: MTPHead, base: Llama, path: Path) -> dict:
     return spec
 
 
-def export(base_dir: Path, head_dir: Path | None, out: Path) -> dict:
-    """Exports base (and head, when head_dir is given) from their checkpoints into out/, with manifest.json."""
+def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
+    """Exports base (and head, when head_dir is given) from their checkpoints into out/, with manifest.json.
+
+    note(message) is called once the checkpoints have loaded, before the (slow) export starts."""
     base_dir, out = Path(base_dir), Path(out)
     base = load_llama(base_dir)
     tok = load_tokenizer(base_dir)
+    head = load_head(head_dir, base) if head_dir is not None else None
+    if note:
+        note(f"exporting {base_dir}{' and ' + str(head_dir) if head else ''} to ONNX in {out}")
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # no manifest describes a half-written export
     cfg = base.config
     graphs = {"base": {"file": "base.onnx", **export_base(base, out / "base.onnx")}}
     sources = {"base": source_hashes(base_dir)}
     head_info = None
-    if head_dir is not None:
-        head = load_head(head_dir, base)
+    if head is not None:
         graphs["head"] = {"file": "head.onnx", **export_head(head, base, out / "head.onnx")}
         sources["head"] = source_hashes(Path(head_dir))
         head_info = {"k": head.config.k_train, "kv_layer": head.config.kv_layer,
