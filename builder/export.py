@@ -1,6 +1,6 @@
 """Export of the base and the MTP head to ONNX, and the manifest that says how to run them.
 
-Two graphs, both exported from the one model definition (builder/model.py, builder/mtp.py) through
+Three graphs, all exported from the one model definition (builder/model.py, builder/mtp.py) through
 small wrappers that only rename and flatten:
 
     base.onnx   input_ids (1, T), past_key_i / past_value_i (1, S, n_kv, head_dim) for every layer i
@@ -15,6 +15,10 @@ small wrappers that only rename and flatten:
                 0..anchor (the anchor is the last cached position)
                 -> drafts (1, K) int64: the chain of K = k_train drafts, each conditioned on the one
                 before; the caller uses the first k.
+    step.onnx   the base graph's inputs -> its outputs plus accepted (1,) int64 and drafts (1, K) int64:
+                verify, acceptance and the next draft chain fused into ONE run per speculative step (the
+                head drafts from the anchor the acceptance rule picked, over the present cache masked to
+                the accepted prefix). The head graph is then needed only for the first step.
 
 The head graph carries its own copy of the base's embedding and LM head (an ONNX session cannot read
 another session's weights). Logits are never an output: the decode loop reads only token ids.
@@ -70,6 +74,26 @@ class HeadGraph(nn.Module):
         return self.head.draft_ids(self.base, h, token, past_key, past_value, self.head.config.k_train)
 
 
+class StepGraph(nn.Module):
+    """One speculative step in one run: the base verifies [token, d_1..d_k], the acceptance rule picks
+    the anchor (the last accepted position), and the head drafts the next K tokens from it."""
+
+    def __init__(self, head: MTPHead, base: Llama):
+        super().__init__()
+        self.verify, self.head, self.base = BaseGraph(base), head, base
+
+    def forward(self, input_ids, past: list[torch.Tensor]):
+        choices, margins, hidden, present = self.verify(input_ids, past)
+        wrong = input_ids[0, 1:] != choices[0, :-1]  # (k,): draft i is not the base's choice before it
+        stop = torch.cat((wrong, torch.ones(1, dtype=torch.bool)))
+        accepted = stop.to(torch.int64).argmax(dim=0, keepdim=True)  # (1,) n: drafts before the first wrong one
+        layer = self.head.config.kv_layer
+        drafts = self.head.draft_ids(self.base, hidden.index_select(1, accepted), choices.index_select(1, accepted),
+                                     present[2 * layer], present[2 * layer + 1], self.head.config.k_train,
+                                     anchor=past[0].shape[1] + accepted)
+        return choices, margins, hidden, accepted, drafts, present
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -111,6 +135,13 @@ def head_io(head: MTPHead) -> dict:
             "outputs": [io("drafts", "int64", [1, cfg.k_train], "cpu")]}
 
 
+def step_io(base: Llama, head: MTPHead) -> dict:
+    spec = base_io(base)
+    outputs = spec["outputs"]
+    extra = [io("accepted", "int64", [1], "cpu"), io("drafts", "int64", [1, head.config.k_train], "cpu")]
+    return {"inputs": spec["inputs"], "outputs": outputs[:3] + extra + outputs[3:]}
+
+
 def names(spec: list[dict]) -> list[str]:
     return [s["name"] for s in spec]
 
@@ -149,6 +180,17 @@ def export_head(head: MTPHead, base: Llama, path: Path) -> dict:
     return spec
 
 
+def export_step(head: MTPHead, base: Llama, path: Path) -> dict:
+    cfg = base.config
+    T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
+    S = torch.export.Dim("S", min=0, max=cfg.max_position_embeddings)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim) for _ in range(2 * cfg.num_hidden_layers)]
+    spec = step_io(base, head)
+    export_graph(StepGraph(head, base), (ids, past), spec, ({1: T}, [{1: S}] * len(past)), path)
+    return spec
+
+
 def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
     """Exports base (and head, when head_dir is given) from their checkpoints into out/, with manifest.json.
 
@@ -167,6 +209,7 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
     head_info = None
     if head is not None:
         graphs["head"] = {"file": "head.onnx", **export_head(head, base, out / "head.onnx")}
+        graphs["step"] = {"file": "step.onnx", **export_step(head, base, out / "step.onnx")}
         sources["head"] = source_hashes(Path(head_dir))
         head_info = {"k": head.config.k_train, "kv_layer": head.config.kv_layer,
                      "kv_inputs": {"past_key": f"present_key_{head.config.kv_layer}",
@@ -174,7 +217,14 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
                      "usage": "hidden: the base's last hidden output as it is; anchor: index of the anchor "
                               "(the last accepted position) in it; token: the base's choice at the anchor; "
                               "past_key/past_value: the base's present of layer kv_layer, rolled back so "
-                              "that the anchor is its last position. drafts[0, :k] are the k drafts."}
+                              "that the anchor is its last position. drafts[0, :k] are the k drafts.",
+                     "step": "the step graph fuses a speculative step into one run: its inputs are the base "
+                             "graph's (input_ids = [token, d_1..d_k]); besides the base's outputs it returns "
+                             "accepted (n, by the acceptance rule) and the K drafts after the anchor at fed "
+                             "position n, drafted from a cache masked to positions 0..S+n. Valid when the "
+                             "caller keeps n + 1 fed tokens (rolls back to S + n + 1) and continues from "
+                             "choices[n], as the decode loop does unless it stops; the first step after the "
+                             "prefill drafts with the head graph."}
     manifest = {
         "format": FORMAT,
         "opset": OPSET,

@@ -124,15 +124,18 @@ class MTPHead(nn.Module):
         base_k, base_v = cache[self.config.kv_layer]  # (1, S, n_kv, D), positions 0..anchor
         return self.draft_ids(base, hidden.view(1, 1, -1), torch.tensor([[token]]), base_k, base_v, k)[0].tolist()
 
-    def draft_ids(self, base: Llama, hidden, token, base_k, base_v, k: int) -> torch.Tensor:
-        """The draft chain on tensors (also what the ONNX head graph runs, unrolled): hidden (1, 1, C) at
-        the anchor, token (1, 1), base_k/v (1, S, n_kv, D) the cache of layer kv_layer -> drafts (1, k)."""
+    def draft_ids(self, base: Llama, hidden, token, base_k, base_v, k: int, anchor=None) -> torch.Tensor:
+        """The draft chain on tensors (also what the ONNX graphs run, unrolled): hidden (1, 1, C) at the
+        anchor, token (1, 1), base_k/v (1, S, n_kv, D) the cache of layer kv_layer -> drafts (1, k).
+        anchor (1,): the anchor's position in base_k/v, the last (S - 1) by default; later positions are
+        masked out, as if the cache had been rolled back to it."""
         S = base_k.shape[1]
-        mask = torch.ones(1, S, dtype=torch.bool)
+        if anchor is None:
+            anchor = torch.arange(S - 1, S)
+        mask = (torch.arange(S) <= anchor)[None]  # (1, S)
         h, tok, chain, drafts = hidden, token, [], []
         for j in range(1, k + 1):
-            positions = torch.arange(S - 1 + j, S + j)  # (1,): the draft's position
-            h = self.step(h, base.model.embed_tokens(tok), positions, base_k, base_v, mask, chain)
+            h = self.step(h, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chain)
             tok = base.lm_head(h).argmax(dim=-1)  # (1, 1)
             drafts.append(tok)
         return torch.cat(drafts, dim=1)
