@@ -39,7 +39,12 @@ def build_parser() -> Parser:
                    help="ar: plain greedy decoding with the base alone; mtp: the MTP head drafts, the base verifies")
     g.add_argument("--k", type=int, default=4, help="tokens drafted per step (speculative modes)")
     g.add_argument("--max-new-tokens", type=int, default=32)
-    g.add_argument("--backend", default="torch", choices=["torch"])
+    g.add_argument("--backend", default="torch", choices=["torch", "onnx"],
+                   help="torch: the PyTorch modules; onnx: the exported ONNX graphs with onnxruntime on the CPU")
+    g.add_argument("--onnx-dir", default="build/onnx",
+                   help="the ONNX export that --backend onnx runs (base.onnx, head.onnx, manifest.json); "
+                        "exported there from --base (and --head in mode mtp) when it is missing or was "
+                        "exported from other checkpoints. Every file is checked against the manifest's sha256.")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
 
     t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from the Python docs")
@@ -86,16 +91,24 @@ def cmd_generate(args) -> None:
     if args.mode != "ar" and not 1 <= args.k <= 16:
         raise PromptError(f"--k must be between 1 and 16, got {args.k}")
     base_dir = Path(args.base)
-    model, tok = load_llama(base_dir), load_tokenizer(base_dir)
-    eos = model.config.eos_token_id
-    backend = TorchBackend(model, load_head(args.head, model) if args.mode == "mtp" else None)
+    if args.backend == "onnx":
+        backend = open_onnx(base_dir, Path(args.head) if args.mode == "mtp" else None, Path(args.onnx_dir))
+        eos = backend.manifest["eos_token_id"]
+        if args.mode == "mtp" and args.k > backend.k_max:
+            raise PromptError(f"--k must be at most {backend.k_max} with --backend onnx "
+                              f"(the head graph drafts {backend.k_max} tokens), got {args.k}")
+    else:
+        model = load_llama(base_dir)
+        eos = model.config.eos_token_id
+        backend = TorchBackend(model, load_head(args.head, model) if args.mode == "mtp" else None)
+    tok = load_tokenizer(base_dir)
     k = args.k if args.mode != "ar" else 0
     jobs = []
     for n, p in enumerate(read_prompts(args), 1):  # check every prompt before decoding any
         where = f"prompt {n}: " if args.prompts_file else ""
         try:
             ids = encode_prompt(tok, p["task"], p["prompt"])
-            check_room(ids, args.max_new_tokens, model.config.max_position_embeddings)
+            check_room(ids, args.max_new_tokens, backend.context)
         except PromptError as e:
             raise PromptError(where + str(e)) from None
         jobs.append((p, ids))
@@ -112,6 +125,16 @@ def cmd_generate(args) -> None:
                               "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
         else:
             print(text, flush=True)
+
+
+def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path):
+    """The ONNX backend over onnx_dir, exported there first unless it already is these checkpoints' export."""
+    from .export import export, is_export_of
+    from .onnx_backend import OnnxBackend
+
+    if not is_export_of(onnx_dir, base_dir, head_dir):
+        export(base_dir, head_dir, onnx_dir, note=lambda msg: sys.stderr.write(msg + "\n"))
+    return OnnxBackend(onnx_dir, with_head=head_dir is not None)
 
 
 def cmd_train_base(args) -> None:

@@ -122,14 +122,23 @@ class MTPHead(nn.Module):
         """k greedy drafts after the anchor: hidden (C,) is the base's at the anchor, the last cached
         position; token is the base's choice there (not yet in the cache)."""
         base_k, base_v = cache[self.config.kv_layer]  # (1, S, n_kv, D), positions 0..anchor
+        return self.draft_ids(base, hidden.view(1, 1, -1), torch.tensor([[token]]), base_k, base_v, k)[0].tolist()
+
+    def draft_ids(self, base: Llama, hidden, token, base_k, base_v, k: int, anchor=None) -> torch.Tensor:
+        """The draft chain on tensors (also what the ONNX graphs run, unrolled): hidden (1, 1, C) at the
+        anchor, token (1, 1), base_k/v (1, S, n_kv, D) the cache of layer kv_layer -> drafts (1, k).
+        anchor (1,): the anchor's position in base_k/v, the last (S - 1) by default; later positions are
+        masked out, as if the cache had been rolled back to it."""
         S = base_k.shape[1]
-        mask = torch.ones(1, S, dtype=torch.bool)
-        h, tok, chain, drafts = hidden.view(1, 1, -1), torch.tensor([[token]]), [], []
+        if anchor is None:
+            anchor = torch.arange(S - 1, S)
+        mask = (torch.arange(S) <= anchor)[None]  # (1, S)
+        h, tok, chain, drafts = hidden, token, [], []
         for j in range(1, k + 1):
-            h = self.step(h, base.model.embed_tokens(tok), torch.tensor([S - 1 + j]), base_k, base_v, mask, chain)
+            h = self.step(h, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chain)
             tok = base.lm_head(h).argmax(dim=-1)  # (1, 1)
-            drafts.append(int(tok))
-        return drafts
+            drafts.append(tok)
+        return torch.cat(drafts, dim=1)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
