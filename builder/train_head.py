@@ -36,10 +36,10 @@ from .tasks import decode as decode_text, encode_prompt, encode_text, load_token
 class HeadTrainConfig:
     seed: int = 0
     k: int = 6                    # draft chain length trained
-    prompts_per_task: int = 4000  # self-distillation prompts per task
+    prompts_per_task: int = 6000  # self-distillation prompts per task
     new_tokens: int = 64          # greedy tokens the base writes per prompt (proofread stops at its end token)
     batch_size: int = 16          # sequences per step
-    steps: int = 1800
+    steps: int = 3000
     lr: float = 1.5e-3
     warmup: int = 50
     weight_decay: float = 0.0
@@ -56,7 +56,8 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
     for text in rng.sample(corpus.train, n):
         ids = encode_text(tok, text)
         prompts.append([cont] + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
-    for typo, _ in rng.sample(proofread_pairs(corpus.train, seed), n):
+    # fresh typos (another seed than the base's training pairs): the base has not memorised these fixes
+    for typo, _ in rng.sample(proofread_pairs(corpus.train, seed + 1000), n):
         prompts.append(encode_prompt(tok, "proofread", typo))
     return prompts
 

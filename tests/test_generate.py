@@ -35,4 +35,4 @@ def test_prompt_must_leave_room_for_the_new_tokens(base):
     with pytest.raises(PromptError, match="empty"):
         check_room([], 8, ctx)
     with pytest.raises(PromptError, match="at least 1"):
-        check_room([1], 0, ctx)
+        check_room([1, 2], 0, ctx)
