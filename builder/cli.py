@@ -24,6 +24,12 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m builder", description="Frozen MTP in the browser: tooling.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -49,13 +55,13 @@ def build_parser() -> Parser:
 
     t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from the Python docs")
     t.add_argument("--base", default="models/base", help="where the trained base is written")
-    t.add_argument("--steps", type=int, help="optimizer steps (default: the shipped model's)")
+    t.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped model's)")
     t.add_argument("--seed", type=int, default=0)
 
     h = sub.add_parser("train-head", help="reproduce models/mtp: the MTP head, trained on the frozen base")
     h.add_argument("--base", default="models/base", help="the frozen base checkpoint")
     h.add_argument("--head", default="models/mtp", help="where the trained head is written")
-    h.add_argument("--steps", type=int, help="optimizer steps (default: the shipped head's)")
+    h.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped head's)")
     h.add_argument("--seed", type=int, default=0)
     return p
 
@@ -140,11 +146,7 @@ def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path):
 def cmd_train_base(args) -> None:
     from .train_base import TrainConfig, train_and_report
 
-    cfg = TrainConfig(seed=args.seed)
-    if args.steps is not None:
-        if args.steps < 1:
-            raise PromptError(f"--steps must be at least 1, got {args.steps}")
-        cfg.steps = args.steps
+    cfg = TrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     log = train_and_report(Path(args.base), cfg)
     print(f"wrote {args.base}: validation loss {log['validation']['loss_continue']:.3f}, "
           f"proofread exact-fix {log['validation']['proofread_exact_fix']:.1%}")
@@ -153,11 +155,7 @@ def cmd_train_base(args) -> None:
 def cmd_train_head(args) -> None:
     from .train_head import HeadTrainConfig, train_and_report
 
-    cfg = HeadTrainConfig(seed=args.seed)
-    if args.steps is not None:
-        if args.steps < 1:
-            raise PromptError(f"--steps must be at least 1, got {args.steps}")
-        cfg.steps = args.steps
+    cfg = HeadTrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     log = train_and_report(Path(args.base), Path(args.head), cfg)
     k4 = {t: log["acceptance"][f"{t}/k=4"]["tau"] for t in TASKS}
     print(f"wrote {args.head}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
