@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .model import MLP, CheckpointError, Llama, LlamaConfig, RMSNorm, apply_rope, load_config, load_state, rope_cos_sin
 

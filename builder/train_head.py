@@ -29,7 +29,7 @@ from .corpus import Corpus, load_corpus, proofread_pairs, validation_prompts
 from .generate import TorchBackend, compare_to_reference, decode, decode_ar
 from .model import Llama, load_llama
 from .mtp import HeadConfig, MTPHead, base_fingerprint, save_head
-from .tasks import decode as decode_text, encode_prompt, encode_text, load_tokenizer
+from .tasks import encode_prompt, encode_text, load_tokenizer
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from builder.export import MANIFEST, export
-from builder.generate import TorchBackend, compare_to_reference, decode, decode_ar
+from builder.generate import compare_to_reference, decode, decode_ar
 from builder.model import CheckpointError
 from builder.mtp import load_head
 from builder.onnx_backend import OnnxBackend
