@@ -121,9 +121,12 @@ def attend(q, k, v, past_len: int):
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
     q_pos = torch.arange(T, device=q.device)[:, None] + past_len
-    mask = torch.arange(S, device=q.device)[None, :] <= q_pos  # (T, S)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, Hq, T, D)
-    return y.transpose(1, 2)
+    future = torch.arange(S, device=q.device)[None, :] > q_pos  # (T, S): keys a query must not see
+    # Written out rather than F.scaled_dot_product_attention: its export guards the softmax with IsNaN,
+    # which onnxruntime-web runs on the CPU, downloading every layer's attention weights each step.
+    att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, Hq, T, S)
+    att = att.masked_fill(future, float("-inf")).softmax(dim=-1)
+    return (att @ v).transpose(1, 2)  # (B, T, Hq, D)
 
 
 class Attention(nn.Module):

@@ -132,12 +132,14 @@ class MTPHead(nn.Module):
         if anchor is None:
             anchor = torch.arange(S - 1, S)
         mask = (torch.arange(S) <= anchor)[None]  # (1, S)
-        h, tok, chain, drafts = hidden, token, [], []
+        h, tok, chain, logits = hidden, token, [], []
         for j in range(1, k + 1):
             h = self.step(h, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chain)
-            tok = base.lm_head(h).argmax(dim=-1)  # (1, 1)
-            drafts.append(tok)
-        return torch.cat(drafts, dim=1)
+            logits.append(base.lm_head(h))  # (1, 1, V)
+            tok = logits[-1].argmax(dim=-1)  # (1, 1)
+        # one argmax over all the chain's logits rather than a concatenation of its token ids:
+        # onnxruntime-web's WebGPU EP has no int64 Concat, and on the CPU it would download every draft
+        return torch.cat(logits, dim=1).argmax(dim=-1)  # (1, k)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
