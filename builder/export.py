@@ -108,6 +108,14 @@ def source_hashes(directory: Path) -> dict[str, str]:
             if (directory / name).is_file()}
 
 
+def code_hash() -> str:
+    """sha256 over the code an export is made from: a changed model or exporter makes old exports stale."""
+    h = hashlib.sha256()
+    for name in ("model.py", "mtp.py", "generate.py", "export.py"):
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()
+
+
 def io(name: str, dtype: str, shape: list, location: str | None = None) -> dict:
     d = {"name": name, "dtype": dtype, "shape": shape}
     if location:
@@ -205,7 +213,7 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
     (out / MANIFEST).unlink(missing_ok=True)  # no manifest describes a half-written export
     cfg = base.config
     graphs = {"base": {"file": "base.onnx", **export_base(base, out / "base.onnx")}}
-    sources = {"base": source_hashes(base_dir)}
+    sources = {"base": source_hashes(base_dir), "code": code_hash()}
     head_info = None
     if head is not None:
         graphs["head"] = {"file": "head.onnx", **export_head(head, base, out / "head.onnx")}
@@ -283,6 +291,6 @@ def is_export_of(directory: Path, base_dir: Path, head_dir: Path | None) -> bool
     except (OSError, ValueError):
         return False
     src = manifest.get("source", {})
-    if src.get("base") != source_hashes(Path(base_dir)):
+    if src.get("base") != source_hashes(Path(base_dir)) or src.get("code") != code_hash():
         return False
     return head_dir is None or src.get("head") == source_hashes(Path(head_dir))
