@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .corpus import DataError
 from .model import CheckpointError
+from .site import SiteError
 from .tasks import TASKS, PromptError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
@@ -57,6 +58,17 @@ def build_parser() -> Parser:
     t.add_argument("--base", default="models/base", help="where the trained base is written")
     t.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped model's)")
     t.add_argument("--seed", type=int, default=0)
+
+    b = sub.add_parser("build", help="export the models to ONNX and render the static site")
+    b.add_argument("--base", default="models/base", help="base checkpoint directory")
+    b.add_argument("--head", default="models/mtp", help="MTP head directory")
+    b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
+    b.add_argument("--onnx-dir", default="build/onnx",
+                   help="the ONNX export the site copies; exported there first when missing or stale")
+
+    s = sub.add_parser("serve", help="serve a built site on 127.0.0.1")
+    s.add_argument("--dir", default="build/site", help="the built site")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
 
     h = sub.add_parser("train-head", help="reproduce models/mtp: the MTP head, trained on the frozen base")
     h.add_argument("--base", default="models/base", help="the frozen base checkpoint")
@@ -143,6 +155,22 @@ def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path):
     return OnnxBackend(onnx_dir, with_head=head_dir is not None)
 
 
+def cmd_build(args) -> None:
+    from .site import build
+
+    build(Path(args.base), Path(args.head), Path(args.out), Path(args.onnx_dir),
+          note=lambda msg: sys.stderr.write(msg + "\n"))
+    print(f"built {args.out}: serve it with `python -m builder serve --dir {args.out}`")
+
+
+def cmd_serve(args) -> None:
+    from .site import serve
+
+    if not 0 <= args.port <= 65535:
+        raise PromptError(f"--port must be between 0 and 65535, got {args.port}")
+    serve(Path(args.dir), args.port)
+
+
 def cmd_train_base(args) -> None:
     from .train_base import TrainConfig, train_and_report
 
@@ -161,14 +189,14 @@ def cmd_train_head(args) -> None:
     print(f"wrote {args.head}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
 
 
-COMMANDS = {"generate": cmd_generate, "train-base": cmd_train_base, "train-head": cmd_train_head}
+COMMANDS = {"generate": cmd_generate, "build": cmd_build, "serve": cmd_serve, "train-base": cmd_train_base, "train-head": cmd_train_head}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         COMMANDS[args.command](args)
-    except (CheckpointError, PromptError, DataError) as e:
+    except (CheckpointError, PromptError, DataError, SiteError) as e:
         sys.stderr.write(f"error: {e}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -1,0 +1,155 @@
+"""`build` and `serve`: the static site, rendered from web/ into one self-contained folder.
+
+build() reads as the recipe:
+1. export base and head to ONNX (reused when build/onnx already is the export of these checkpoints);
+2. install the browser libraries with `npm ci` from web/package-lock.json when they are missing;
+3. render web/templates with jinja2, copy the page's ES modules and stylesheet;
+4. copy the graphs the page runs, the tokenizer and a manifest that lists exactly those files;
+5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences).
+
+Every path in the site is relative, so the folder works on any static host.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import jinja2
+
+from .export import MANIFEST, export, is_export_of, read_manifest
+from .model import CheckpointError
+
+WEB = Path(__file__).resolve().parent.parent / "web"
+SITE_GRAPHS = ("base", "head")  # the page runs the head (draft k) and the base (verify k + 1): two runs a step
+# node_modules file -> site file. ort.webgpu.min.mjs is onnxruntime-web's native WebGPU bundle; it also
+# runs the wasm EP, from the asyncify build of the WebAssembly runtime it imports next to itself.
+VENDOR = {
+    "onnxruntime-web/dist/ort.webgpu.min.mjs": "vendor/ort/ort.webgpu.min.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.mjs": "vendor/ort/ort-wasm-simd-threaded.asyncify.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm": "vendor/ort/ort-wasm-simd-threaded.asyncify.wasm",
+    "@huggingface/tokenizers/dist/tokenizers.min.mjs": "vendor/tokenizers/tokenizers.min.mjs",
+    "@huggingface/tokenizers/LICENSE": "vendor/tokenizers/LICENSE",
+}
+MIME = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
+        ".json": "application/json", ".onnx": "application/octet-stream", ".css": "text/css",
+        ".html": "text/html", ".png": "image/png", ".svg": "image/svg+xml"}
+
+
+class SiteError(RuntimeError):
+    """The site cannot be built or served (npm missing, web/ incomplete, port taken)."""
+
+
+def build(base_dir: Path, head_dir: Path, out: Path, onnx_dir: Path, note=print) -> dict:
+    """Builds the static site into out/ (replacing it). Returns the site's manifest."""
+    base_dir, head_dir, out, onnx_dir = Path(base_dir), Path(head_dir), Path(out), Path(onnx_dir)
+    if not is_export_of(onnx_dir, base_dir, head_dir):
+        export(base_dir, head_dir, onnx_dir, note=note)
+    manifest = read_manifest(onnx_dir)  # every file checked against its sha256
+    node_modules = npm_ci(WEB, note)
+
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "models").mkdir(parents=True)
+    site_manifest = site_models(manifest, onnx_dir, base_dir, out / "models")
+    render(out, site_manifest)
+    for src, dst in VENDOR.items():
+        (out / dst).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(node_modules / src, out / dst)
+    note(f"built the site in {out} ({site_bytes(out) / 1e6:.1f} MB)")
+    return site_manifest
+
+
+def npm_ci(web: Path, note) -> Path:
+    """web/node_modules, installed from the lock file (`npm ci`) unless every file the site needs is there."""
+    node_modules = web / "node_modules"
+    if all((node_modules / src).is_file() for src in VENDOR):
+        return node_modules
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SiteError("npm is not installed: it installs onnxruntime-web from web/package-lock.json "
+                        "(Debian: apt-get install npm)")
+    note("installing the browser libraries: npm ci in web/")
+    done = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=web,
+                          capture_output=True, text=True)
+    missing = [src for src in VENDOR if not (node_modules / src).is_file()]
+    if done.returncode != 0 or missing:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SiteError(f"npm ci in {web} failed ({last})" if done.returncode else
+                        f"npm ci in {web} did not install {missing[0]}")
+    return node_modules
+
+
+def site_models(manifest: dict, onnx_dir: Path, base_dir: Path, models: Path) -> dict:
+    """Copies the graphs the page runs and the tokenizer; writes the manifest of exactly those files."""
+    graphs = {name: manifest["graphs"][name] for name in SITE_GRAPHS}
+    files = {g["file"]: manifest["files"][g["file"]] for g in graphs.values()}
+    for name in files:
+        shutil.copyfile(onnx_dir / name, models / name)
+    shutil.copyfile(base_dir / "tokenizer.json", models / "tokenizer.json")
+    site_manifest = {**manifest, "graphs": graphs, "files": files, "tokenizer": "tokenizer.json"}
+    (models / MANIFEST).write_text(json.dumps(site_manifest, indent=2) + "\n")
+    return site_manifest
+
+
+def render(out: Path, manifest: dict) -> None:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB / "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    examples = json.loads((WEB / "examples.json").read_text(encoding="utf-8"))["examples"]
+    context = {"examples": examples, "tasks": list(manifest["tasks"]), "k_max": manifest["head"]["k"],
+               "context_length": manifest["context_length"]}
+    for template in sorted((WEB / "templates").glob("[!_]*.html")):
+        (out / template.name).write_text(env.get_template(template.name).render(**context), encoding="utf-8")
+    for static in sorted((WEB / "src").iterdir()):
+        shutil.copyfile(static, out / static.name)
+
+
+def site_bytes(out: Path) -> int:
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    """Static files with the MIME types the page needs, quietly."""
+
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME}
+
+    def log_message(self, format, *args):
+        pass
+
+    def end_headers(self):
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a page closed mid-download is no error
+            super().handle_error(request, client_address)
+
+
+def make_server(directory: Path, port: int = 0) -> Server:
+    directory = Path(directory)
+    if not (directory / "index.html").is_file() or not (directory / "models" / MANIFEST).is_file():
+        raise CheckpointError(f"{directory} is not a built site (no index.html or models/{MANIFEST}): "
+                              "run `python -m builder build` first")
+    try:
+        return Server(("127.0.0.1", port), partial(Handler, directory=str(directory)))
+    except OSError as e:
+        raise SiteError(f"cannot serve on 127.0.0.1:{port}: {e.strerror}") from None
+
+
+def serve(directory: Path, port: int) -> None:
+    server = make_server(directory, port)
+    print(f"serving {directory} at http://127.0.0.1:{server.server_address[1]}/  (Ctrl+C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        sys.stderr.write("stopped\n")
+    finally:
+        server.server_close()

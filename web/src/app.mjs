@@ -1,0 +1,245 @@
+// The demo page: loads the models, wires the controls, streams tokens as they are decided, and exposes
+// window.frozenMTP (CONTRACT.md) for tests and outside checks. User and model text only ever reaches the
+// page through textContent, never innerHTML.
+
+import { PageError, Runtime, chooseBackend } from './mtp.mjs';
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const MODES = { ar: 'plain', mtp: 'MTP' };
+
+function showError(e) {
+  const box = $('message');
+  box.textContent = e instanceof PageError ? e.message : `Unexpected error: ${e?.message || e}`;
+  box.hidden = false;
+}
+
+function clearError() {
+  $('message').hidden = true;
+}
+
+function mb(bytes) {
+  return `${(bytes / 1e6).toFixed(1)} MB`;
+}
+
+// ---------------------------------------------------------------- loading
+
+const ready = (async () => {
+  const choice = await chooseBackend(params.get('backend'));
+  $('backend').textContent = choice.backend === 'webgpu' ? 'WebGPU' : 'WASM';
+  $('adapter').textContent = choice.adapter ? `${choice.note}: ${choice.adapter}` : choice.note;
+  const runtime = await Runtime.load(new URL('models/', location.href), {
+    backend: choice.backend,
+    onProgress(loaded, total, file) {
+      $('progress').max = total;
+      $('progress').value = loaded;
+      $('progress-text').textContent = `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
+    },
+  });
+  const loadMs = performance.now();  // since the page started to load
+  $('progress').hidden = true;
+  $('progress-text').textContent = `Models ready in ${(loadMs / 1000).toFixed(1)} s.`;
+  for (const id of ['generate', 'compare']) $(id).disabled = false;
+  return { runtime, info: { backend: runtime.backend, adapter: choice.adapter, note: choice.note, kMax: runtime.kMax,
+    contextLength: runtime.context, loadMs } };
+})();
+ready.catch((e) => {
+  $('progress').hidden = true;
+  $('progress-text').textContent = 'The models could not be loaded.';
+  showError(e);
+});
+
+// ---------------------------------------------------------------- generation (one at a time)
+
+let chain = Promise.resolve();
+let controller = null;
+
+/**
+ * One generation, queued behind any running one so that two decodes never run at once.
+ * @returns {Promise<{promptIds, ids, text, steps, accepted, ms, firstTokenMs, backend, mode, k, task, stopped, trace?}>}
+ */
+function generate({ prompt, task = 'continue', mode = 'mtp', k = 4, maxNewTokens = 32, trace = false, onStep, signal } = {}) {
+  const job = chain.then(async () => {
+    const { runtime } = await ready;
+    if (!(mode in MODES)) {
+      throw new PageError(mode === 'drafter' ? 'the independent drafter is not shipped yet: choose mtp or ar'
+        : `unknown mode "${mode}": choose mtp or ar`);
+    }
+    if (mode === 'mtp' && !(Number.isInteger(k) && k >= 1 && k <= runtime.kMax)) {
+      throw new PageError(`k must be a whole number from 1 to ${runtime.kMax}, got ${k}`);
+    }
+    const promptIds = runtime.encodePrompt(task, prompt);
+    runtime.trace = trace ? [] : null;
+    const t0 = performance.now();
+    let firstTokenMs = null;
+    const out = await runtime.decode(promptIds, {
+      maxNewTokens, k: mode === 'ar' ? 0 : k, signal,
+      onStep(decided, sofar) {
+        firstTokenMs ??= performance.now() - t0;
+        onStep?.(decided, sofar, performance.now() - t0);
+      },
+    });
+    const ms = performance.now() - t0;
+    const result = { promptIds, ids: out.ids, text: runtime.decodeText(out.ids), steps: out.steps, accepted: out.accepted,
+      ms, firstTokenMs, backend: runtime.backend, mode, k: mode === 'ar' ? 0 : k, task, stopped: out.stopped };
+    if (trace) result.trace = runtime.trace;
+    runtime.trace = null;
+    return result;
+  });
+  chain = job.catch(() => {});
+  return job;
+}
+
+window.frozenMTP = {
+  ready: ready.then(({ info }) => info),
+  generate: (options) => generate(options),
+  /** The ids Python's encode_text gives for text (tokenizer parity tests). */
+  encodeText: async (text) => (await ready).runtime.encodeText(text),
+};
+
+// ---------------------------------------------------------------- the page's controls
+
+const task = () => document.querySelector('input[name=task]:checked').value;
+
+for (const radio of document.querySelectorAll('input[name=task]')) {
+  radio.addEventListener('change', () => {
+    for (const list of document.querySelectorAll('.example-list')) list.hidden = list.dataset.task !== task();
+    const first = document.querySelector(`.example-list[data-task="${task()}"] .example`);
+    if (first) $('prompt').value = first.dataset.text;
+  });
+}
+for (const button of document.querySelectorAll('.example')) {
+  button.addEventListener('click', () => { $('prompt').value = button.dataset.text; });
+}
+$('k').addEventListener('input', () => { $('k-value').textContent = $('k').value; });
+$('mode').addEventListener('change', () => { $('k').disabled = $('mode').value === 'ar'; });
+
+/** Streams decided tokens into the output, each marked by how it came; text is decoded incrementally. */
+class Stream {
+  constructor(runtime, element) {
+    this.runtime = runtime;
+    this.element = element;
+    this.ids = [];
+    this.shown = 0;  // characters of the decoded text already shown
+    element.replaceChildren();
+  }
+
+  push(decided) {
+    for (const { id, drafted } of decided) {
+      this.ids.push(id);
+      const text = this.runtime.decodeText(this.ids).replace(/\uFFFD+$/, '');  // hold back a partial character
+      const span = document.createElement('span');
+      span.className = `tok ${drafted ? 'drafted' : 'own'}`;
+      span.textContent = text.slice(this.shown);
+      this.shown = Math.max(this.shown, text.length);
+      this.element.append(span);
+    }
+  }
+
+  finish(text) {
+    if (text.length > this.shown) this.element.append(text.slice(this.shown));
+  }
+}
+
+function showFigures(result, ms) {
+  const steps = result.steps;
+  const tokens = result.ids.length;
+  $('tps').textContent = ms > 0 ? (tokens / (ms / 1000)).toFixed(1) : '–';
+  $('tau').textContent = steps ? (tokens / steps).toFixed(2) : '–';
+  $('steps').textContent = String(steps);
+  $('ntok').textContent = String(tokens);
+  const bars = $('bars');
+  bars.replaceChildren();
+  const k = result.k || 0;
+  for (let i = 1; i <= k; i += 1) {
+    const share = steps ? result.accepted.filter((n) => n >= i).length / steps : 0;
+    const bar = document.createElement('div');
+    bar.className = 'bar';
+    const fill = document.createElement('span');
+    fill.style.height = `${Math.round(share * 100)}%`;
+    const label = document.createElement('small');
+    label.textContent = `${i}: ${Math.round(share * 100)}%`;
+    bar.append(fill, label);
+    bars.append(bar);
+  }
+}
+
+const STOPS = { 'max-new-tokens': 'Stopped at the new-token limit.', 'end-of-sequence': 'The model ended the text.',
+  stopped: 'Stopped.' };
+
+function setBusy(busy) {
+  $('generate').disabled = busy;
+  $('compare').disabled = busy;
+  $('stop').disabled = !busy;
+}
+
+async function runOnPage(mode) {
+  const { runtime } = await ready;
+  const stream = new Stream(runtime, $('output'));
+  const k = Number($('k').value);
+  controller = new AbortController();
+  const result = await generate({
+    prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: Number($('max-new').value), signal: controller.signal,
+    onStep(decided, sofar, ms) {
+      stream.push(decided);
+      showFigures({ ids: sofar.ids, steps: sofar.steps, accepted: sofar.accepted, k: mode === 'ar' ? 0 : k }, ms);
+    },
+  });
+  stream.finish(result.text);
+  showFigures(result, result.ms);
+  $('first').textContent = result.firstTokenMs == null ? '–' : `${Math.round(result.firstTokenMs)} ms`;
+  $('stop-reason').textContent = STOPS[result.stopped];
+  return result;
+}
+
+async function onGenerate() {
+  clearError();
+  setBusy(true);
+  try {
+    await runOnPage($('mode').value);
+  } catch (e) {
+    showError(e);
+  } finally {
+    setBusy(false);
+  }
+}
+
+async function onCompare() {
+  clearError();
+  setBusy(true);
+  $('comparison').hidden = false;
+  const rows = $('comparison-rows');
+  rows.replaceChildren();
+  try {
+    const results = [];
+    for (const mode of ['ar', 'mtp']) {
+      const r = await runOnPage(mode);
+      results.push(r);
+      const tr = document.createElement('tr');
+      for (const cell of [MODES[mode] + (mode === 'mtp' ? ` k=${r.k}` : ''), (r.ids.length / (r.ms / 1000)).toFixed(1),
+        String(r.steps), String(Math.round(r.ms))]) {
+        const td = document.createElement('td');
+        td.textContent = cell;
+        tr.append(td);
+      }
+      rows.append(tr);
+    }
+    const [plain, mtp] = results;
+    const first = plain.ids.findIndex((id, i) => id !== mtp.ids[i]);
+    const same = first === -1 && plain.ids.length === mtp.ids.length;
+    const speedup = (mtp.ids.length / mtp.ms) / (plain.ids.length / plain.ms);
+    $('comparison-verdict').textContent = same
+      ? `Identical text, ${plain.ids.length} tokens; MTP ran at ${speedup.toFixed(2)}x the plain speed.`
+      : `The texts differ at token ${first === -1 ? Math.min(plain.ids.length, mtp.ids.length) : first}: please report this.`;
+    $('comparison-verdict').className = same ? 'same' : 'differ';
+  } catch (e) {
+    showError(e);
+  } finally {
+    setBusy(false);
+  }
+}
+
+$('generate').addEventListener('click', onGenerate);
+$('compare').addEventListener('click', onCompare);
+$('stop').addEventListener('click', () => controller?.abort());
+window.addEventListener('unhandledrejection', (event) => showError(event.reason));

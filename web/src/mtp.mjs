@@ -1,0 +1,318 @@
+// Frozen MTP in the browser: the models, the tokenizer and the one decode loop, with onnxruntime-web.
+//
+// Everything about the graphs (input and output names, KV layout, K, the head's KV layer, special
+// tokens, task formats) comes from models/manifest.json, written by `python -m builder build`.
+//
+// The decode loop mirrors builder/generate.py's `decode`: prefill reads prompt[:-1]; each step the head
+// drafts k tokens in one run, the base verifies [token, d_1..d_k] in one run, the longest agreeing prefix
+// plus the base's own next token is decided, and the KV cache is rolled back to the kept positions by a
+// prefix view of the same buffer. On WebGPU the KV cache and the hidden states stay on the GPU
+// ('gpu-buffer' outputs) and are fed as they are to the head and to the next base run; only token ids
+// (the base's greedy choices, argmax taken inside the graph, and the head's drafts) are read back.
+
+import * as ort from './vendor/ort/ort.webgpu.min.mjs';
+import { Tokenizer } from './vendor/tokenizers/tokenizers.min.mjs';
+
+ort.env.wasm.wasmPaths = new URL('./vendor/ort/', import.meta.url).href;
+ort.env.logLevel = 'error';
+
+/** An error a visitor can act on; `message` is one plain sentence. */
+export class PageError extends Error {}
+
+/**
+ * Which execution provider to use: `requested` ('webgpu' | 'wasm' | null) forces one; otherwise WebGPU
+ * where the browser offers an adapter, WASM else.
+ * @returns {Promise<{backend: string, adapter: string|null, note: string}>}
+ */
+export async function chooseBackend(requested) {
+  if (requested && requested !== 'webgpu' && requested !== 'wasm') {
+    throw new PageError(`unknown backend "${requested}": use ?backend=webgpu or ?backend=wasm`);
+  }
+  if (requested === 'wasm') return { backend: 'wasm', adapter: null, note: 'WASM, as requested' };
+  let adapter = null;
+  let why = 'this browser has no WebGPU (navigator.gpu is missing)';
+  if (globalThis.navigator?.gpu) {
+    try {
+      adapter = await navigator.gpu.requestAdapter();
+      why = 'the browser offers WebGPU but no adapter';
+    } catch (e) {
+      why = `requesting a WebGPU adapter failed (${e.message})`;
+    }
+  }
+  if (adapter) {
+    const info = adapter.info || {};
+    const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ') || 'unnamed adapter';
+    return { backend: 'webgpu', adapter: name, note: requested ? 'WebGPU, as requested' : 'WebGPU' };
+  }
+  if (requested === 'webgpu') throw new PageError(`WebGPU was requested but ${why}`);
+  return { backend: 'wasm', adapter: null, note: `WASM: ${why}` };
+}
+
+/** Fetches a file of the site, reporting bytes as they arrive; checks its sha256 when one is given. */
+async function fetchBytes(url, { sha256, bytes, onBytes }) {
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (e) {
+    throw new PageError(`could not download ${url} (${e.message})`);
+  }
+  if (!response.ok) throw new PageError(`could not download ${url}: HTTP ${response.status}`);
+  const reader = response.body.getReader();
+  const chunks = [];
+  let got = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    chunks.push(value);
+    got += value.length;
+    onBytes?.(value.length);
+  }
+  const data = new Uint8Array(got);
+  let at = 0;
+  for (const c of chunks) { data.set(c, at); at += c.length; }
+  if (sha256) {
+    const digest = hex(await crypto.subtle.digest('SHA-256', data));
+    if (digest !== sha256) {
+      throw new PageError(`${url} is altered or truncated: ${got} bytes with sha256 ${digest.slice(0, 16)}.., ` +
+        `the manifest says ${bytes} bytes with sha256 ${sha256.slice(0, 16)}..`);
+    }
+  }
+  return data;
+}
+
+const hex = (buffer) => [...new Uint8Array(buffer)].map((b) => b.toString(16).padStart(2, '0')).join('');
+
+/** A short description of a tensor for error messages and the trace. */
+function describe(t, bufferId) {
+  const d = { dtype: t.type, dims: [...t.dims], location: t.location };
+  if (t.location === 'gpu-buffer') d.buffer = bufferId(t.gpuBuffer);
+  return d;
+}
+
+/**
+ * The loaded models: the base and head sessions, the manifest and the tokenizer.
+ * Create with `Runtime.load`; `decode` runs one generation.
+ */
+export class Runtime {
+  constructor(manifest, tokenizer, sessions, backend) {
+    this.manifest = manifest;
+    this.tokenizer = tokenizer;
+    this.sessions = sessions;        // {base, head}
+    this.backend = backend;          // 'webgpu' | 'wasm'
+    this.context = manifest.context_length;
+    this.kMax = manifest.head.k;
+    this.eos = manifest.eos_token_id;
+    this.special = new Set(Object.values(manifest.special_tokens));
+    const kv = manifest.kv;
+    this.kvDims = kv.shape.slice(2);                    // [n_kv, head_dim]
+    this.pastNames = kv.past_inputs;                    // past_key_0, past_value_0, ..
+    this.presentToPast = Object.fromEntries(kv.present_outputs.map((p, i) => [p, kv.past_inputs[i]]));
+    // head input -> the cache entry (past name) it reads: the base's present of the head's KV layer
+    this.headKv = Object.fromEntries(Object.entries(manifest.head.kv_inputs).map(([inp, out]) => [inp, this.presentToPast[out]]));
+    this.queue = Promise.resolve();  // every session.run goes through this one chain
+    this.trace = null;               // set to [] to record every run's inputs and outputs
+    this.bufferIds = new WeakMap();
+    this.runs = 0;
+  }
+
+  /**
+   * Downloads (with progress), checks and opens everything under `base` (the models/ folder's URL).
+   * @param {string} base
+   * @param {{backend: string, onProgress?: (loaded: number, total: number, file: string) => void}} options
+   */
+  static async load(base, { backend, onProgress }) {
+    const manifestUrl = new URL('manifest.json', base);
+    const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl, {})));
+    if (manifest.format !== 'frozen-mtp-onnx/1') {
+      throw new PageError(`${manifestUrl} is not a frozen-mtp-onnx/1 manifest (format ${manifest.format})`);
+    }
+    const tokenizerBytes = await fetchBytes(new URL(manifest.tokenizer, base), {});
+    const total = Object.values(manifest.files).reduce((s, f) => s + f.bytes, 0);
+    let loaded = 0;
+    const sessions = {};
+    for (const [name, graph] of Object.entries(manifest.graphs)) {  // one at a time (DESIGN.md)
+      const info = manifest.files[graph.file];
+      const url = new URL(graph.file, base);
+      const data = await fetchBytes(url, { ...info, onBytes: (n) => { loaded += n; onProgress?.(loaded, total, graph.file); } });
+      const preferredOutputLocation = {};
+      for (const out of graph.outputs) {
+        // only token ids come back: every float output stays where it was computed
+        preferredOutputLocation[out.name] = backend === 'webgpu' && out.dtype !== 'int64' ? 'gpu-buffer' : 'cpu';
+      }
+      try {
+        sessions[name] = await ort.InferenceSession.create(data, {
+          executionProviders: [backend],
+          graphOptimizationLevel: 'all',
+          ...(backend === 'webgpu' ? { preferredOutputLocation } : {}),
+        });
+      } catch (e) {
+        throw new PageError(`could not open ${graph.file} on ${backend}: ${e.message}`);
+      }
+    }
+    const json = JSON.parse(new TextDecoder().decode(tokenizerBytes));
+    // Special tokens are encoded by id, never parsed out of the user's text (builder/tasks.py): the JS
+    // tokenizer gets no added tokens, so "<|fix|>" typed by a user stays text.
+    const tokenizer = new Tokenizer({ ...json, added_tokens: [] }, {});
+    return new Runtime(manifest, tokenizer, sessions, backend);
+  }
+
+  /** The ids of plain text (no special tokens recognised in it). */
+  encodeText(text) {
+    return text ? this.tokenizer.encode(text, { add_special_tokens: false }).ids : [];
+  }
+
+  /** The prompt's ids in the task's one format: [marker] + text + [separator]. */
+  encodePrompt(task, text) {
+    const format = this.manifest.tasks[task];
+    if (!format) throw new PageError(`unknown task "${task}": choose ${Object.keys(this.manifest.tasks).join(' or ')}`);
+    if (typeof text !== 'string' || !text.trim()) throw new PageError('the prompt is empty');
+    const ids = [this.manifest.special_tokens[format.marker], ...this.encodeText(text)];
+    return format.separator ? [...ids, this.manifest.special_tokens[format.separator]] : ids;
+  }
+
+  /** Text of new ids, special tokens skipped (as Python's decode). */
+  decodeText(ids) {
+    return this.tokenizer.decode(ids.filter((id) => !this.special.has(id)));
+  }
+
+  /** A stable number for a GPUBuffer, so a trace shows which run's output another run reads. */
+  bufferId(buffer) {
+    let id = this.bufferIds.get(buffer);
+    if (id === undefined) {
+      this.bufferCount = (this.bufferCount || 0) + 1;
+      id = this.bufferCount;
+      this.bufferIds.set(buffer, id);
+    }
+    return id;
+  }
+
+  /** Runs a graph through the one promise chain; a failure names every input. */
+  run(graph, feeds) {
+    const session = this.sessions[graph];
+    const result = this.queue.then(async () => {
+      let outputs;
+      try {
+        outputs = await session.run(feeds);
+      } catch (e) {
+        const inputs = Object.entries(feeds).map(([n, t]) => `${n} ${t.type}[${t.dims}] on ${t.location}`).join(', ');
+        throw new PageError(`${graph} graph failed on ${this.backend} (${e.message}); inputs: ${inputs}`);
+      }
+      this.runs += 1;
+      if (this.trace) {
+        const id = (b) => this.bufferId(b);
+        this.trace.push({
+          graph,
+          inputs: Object.fromEntries(Object.entries(feeds).map(([n, t]) => [n, describe(t, id)])),
+          outputs: Object.fromEntries(Object.entries(outputs).map(([n, t]) => [n, describe(t, id)])),
+        });
+      }
+      return outputs;
+    });
+    this.queue = result.catch(() => {});
+    return result;
+  }
+
+  /** A view of the first n positions of a KV tensor: same buffer, no copy. */
+  prefix(t, n) {
+    const dims = [1, n, ...this.kvDims];
+    if (t.dims[1] === n) return t;
+    if (t.location === 'gpu-buffer') return ort.Tensor.fromGpuBuffer(t.gpuBuffer, { dataType: t.type, dims });
+    return new ort.Tensor(t.type, t.data.subarray(0, n * this.kvDims[0] * this.kvDims[1]), dims);
+  }
+
+  /** Runs the base on ids after the state's cache; returns the choices and a state owning the new tensors. */
+  async base(state, ids) {
+    const feeds = { input_ids: new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]), ...state.cache };
+    const out = await this.run('base', feeds);
+    const choices = Array.from(out.choices.data, Number);
+    const cache = {};
+    for (const [present, past] of Object.entries(this.presentToPast)) cache[past] = out[present];
+    out.margins.dispose();  // never read: the exactness rule's margins are the Python reference's
+    return { choices, state: { cache, hidden: out.hidden, fed: ids.length, owners: Object.values(cache).concat(out.hidden) } };
+  }
+
+  prefill(ids) {
+    const empty = new ort.Tensor('float32', new Float32Array(0), [1, 0, ...this.kvDims]);  // S = 0: no past yet
+    return this.base({ cache: Object.fromEntries(this.pastNames.map((n) => [n, empty])) }, ids);
+  }
+
+  /** Keeps the first nFed of the tokens just verified: prefix views of the owners' buffers. */
+  rollback(state, nFed) {
+    const drop = state.fed - nFed;
+    if (drop === 0) return state;
+    const cache = {};
+    for (const [name, t] of Object.entries(state.cache)) cache[name] = this.prefix(t, t.dims[1] - drop);
+    return { ...state, cache, fed: nFed };
+  }
+
+  /** The head's k drafts after the state's anchor (its last kept position), `token` decided there. */
+  async draft(state, token, k) {
+    const feeds = {
+      hidden: state.hidden,  // the base's hidden output as it is; the anchor indexes it
+      anchor: new ort.Tensor('int64', BigInt64Array.from([BigInt(state.fed - 1)]), [1]),
+      token: new ort.Tensor('int64', BigInt64Array.from([BigInt(token)]), [1, 1]),
+    };
+    for (const [input, past] of Object.entries(this.headKv)) feeds[input] = state.cache[past];
+    const out = await this.run('head', feeds);
+    return Array.from(out.drafts.data.subarray(0, k), Number);
+  }
+
+  /** Disposes the GPU tensors a state owns (no-op for CPU tensors). */
+  release(state) {
+    for (const t of state?.owners || []) t.dispose();
+  }
+
+  /**
+   * Greedy decoding; with k > 0 the head drafts k tokens a step and the base verifies them.
+   * @param {number[]} promptIds
+   * @param {{maxNewTokens: number, k: number, onStep?: Function, signal?: AbortSignal}} options
+   * @returns {Promise<{ids: number[], steps: number, accepted: number[], stopped: string}>}
+   */
+  async decode(promptIds, { maxNewTokens, k, onStep, signal }) {
+    checkRoom(promptIds, maxNewTokens, this.context);
+    if (k < 0 || k > this.kMax) throw new PageError(`k must be between 0 and ${this.kMax}, got ${k}`);
+    const out = { ids: [], steps: 0, accepted: [], stopped: 'max-new-tokens' };
+    let { state } = await this.prefill(promptIds.slice(0, -1));
+    let token = promptIds[promptIds.length - 1];
+    try {
+      for (;;) {
+        if (signal?.aborted) { out.stopped = 'stopped'; return out; }
+        // never draft past maxNewTokens: that also keeps every fed position inside the context
+        const kStep = Math.min(k, maxNewTokens - out.ids.length - 1);
+        const drafts = kStep > 0 ? await this.draft(state, token, kStep) : [];
+        const verified = await this.base(state, [token, ...drafts]);
+        this.release(state);  // the new tensors replace the old ones
+        state = verified.state;
+        let n = 0;
+        while (n < drafts.length && drafts[n] === verified.choices[n]) n += 1;  // the base chose the draft itself
+        state = this.rollback(state, n + 1);  // keep [token, d_1..d_n]; the rejected drafts go
+        out.steps += 1;
+        if (k) out.accepted.push(n);
+        const decided = [];
+        for (let i = 0; i <= n; i += 1) {
+          const id = verified.choices[i];
+          out.ids.push(id);
+          decided.push({ id, drafted: i < n });
+          if (id === this.eos) out.stopped = 'end-of-sequence';
+          if (id === this.eos || out.ids.length === maxNewTokens) break;
+        }
+        onStep?.(decided, out);
+        if (out.stopped === 'end-of-sequence' || out.ids.length === maxNewTokens) return out;
+        token = out.ids[out.ids.length - 1];
+      }
+    } finally {
+      this.release(state);
+    }
+  }
+}
+
+export function checkRoom(promptIds, maxNewTokens, context) {
+  if (promptIds.length < 2) throw new PageError('the prompt is empty');
+  if (!Number.isInteger(maxNewTokens) || maxNewTokens < 1) {
+    throw new PageError(`max new tokens must be a whole number of at least 1, got ${maxNewTokens}`);
+  }
+  if (promptIds.length + maxNewTokens > context) {
+    throw new PageError(`the prompt is ${promptIds.length} tokens; with ${maxNewTokens} new tokens it needs ` +
+      `${promptIds.length + maxNewTokens}, more than the context window of ${context}`);
+  }
+}
