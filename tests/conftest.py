@@ -8,6 +8,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_DIR = ROOT / "models" / "base"
+HEAD_DIR = ROOT / "models" / "mtp"
 
 torch.set_num_threads(2)
 
@@ -38,3 +39,13 @@ def validation_prompts(corpus):
     from builder.corpus import validation_prompts
 
     return validation_prompts(corpus, 30)
+
+
+@pytest.fixture(scope="session")
+def onnx_dir(tmp_path_factory):
+    """The shipped base and head exported to ONNX once for the session (ONNX and site tests)."""
+    from builder.export import export
+
+    out = tmp_path_factory.mktemp("onnx")
+    export(BASE_DIR, HEAD_DIR, out)
+    return out

@@ -17,17 +17,8 @@ from builder.model import CheckpointError
 from builder.mtp import load_head
 from builder.onnx_backend import OnnxBackend
 from builder.tasks import SPECIAL_TOKENS, TASKS, encode_prompt
-from tests.conftest import BASE_DIR, ROOT
+from tests.conftest import BASE_DIR, HEAD_DIR, ROOT
 from tests.test_cli import expect_error, run
-
-HEAD_DIR = ROOT / "models" / "mtp"
-
-
-@pytest.fixture(scope="session")
-def onnx_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("onnx")
-    export(BASE_DIR, HEAD_DIR, out)
-    return out
 
 
 @pytest.fixture(scope="module")

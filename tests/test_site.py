@@ -1,0 +1,245 @@
+"""The static site in headless Chromium (Debian's, driven by Playwright), built and served by the fixtures.
+
+- the page's ids equal the Python torch reference (CONTRACT.md's exactness rule) on WebGPU and WASM,
+  plain and MTP, for validation prompts of both tasks;
+- the page's tokenizer gives Python's ids for tricky text;
+- zero-copy on WebGPU is measured: every GPU read-back in the decode loop is hooked (GPUBuffer.mapAsync)
+  and is one token-id output per run, and the head's inputs are the very GPU buffers the base produced;
+- the demo works on a phone-sized screen (screenshot saved to build/screenshots/).
+
+A missing browser fails these tests: it is never a skip.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import urllib.request
+
+import pytest
+
+from builder.generate import compare_to_reference, decode_ar
+from builder.site import VENDOR, build, make_server
+from builder.tasks import encode_prompt, encode_text
+from tests.conftest import BASE_DIR, HEAD_DIR, ROOT
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", "--enable-unsafe-webgpu"]
+PROMPTS_PER_TASK = 8
+NEW_TOKENS = {"wasm": 32, "webgpu": 12}  # SwiftShader WebGPU is a CPU emulation: about 1 s a base run here
+K = 4
+SCREENSHOTS = ROOT / "build" / "screenshots"
+
+# Installed before any page script: records every GPU buffer mapped for reading (the only way data
+# leaves a WebGPU device) and lets a test read the log.
+GPU_READ_HOOK = """
+window.__gpuReads = [];
+if (globalThis.GPUBuffer) {
+  const mapAsync = GPUBuffer.prototype.mapAsync;
+  GPUBuffer.prototype.mapAsync = function (mode, offset, size) {
+    if (mode & GPUMapMode.READ) window.__gpuReads.push({ bytes: size ?? this.size - (offset || 0) });
+    return mapAsync.apply(this, arguments);
+  };
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def site(onnx_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    build(BASE_DIR, HEAD_DIR, out, onnx_dir, note=lambda msg: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def url(site):
+    server = make_server(site, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("Debian's chromium is not installed (bash .ci/setup installs it): the browser tests cannot run")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the site with its console errors, uncaught errors and requests recorded."""
+
+    def __init__(self, browser, url: str, query: str = "", viewport=None, init_script: str | None = None):
+        self.context = browser.new_context(viewport=viewport or {"width": 1000, "height": 900})
+        self.page = self.context.new_page()
+        self.errors, self.requests = [], []
+        if init_script:
+            self.page.add_init_script(init_script)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: m.type == "error" and "onnxruntime" not in m.text and self.errors.append(m.text))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(url + query)
+        self.info = self.page.evaluate("window.frozenMTP.ready")
+
+    def generate(self, **options):
+        return self.page.evaluate("(o) => window.frozenMTP.generate(o)", options)
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture(scope="module", params=["wasm", "webgpu"])
+def page(request, browser, url):
+    p = Page(browser, url, f"?backend={request.param}", init_script=GPU_READ_HOOK)
+    assert p.info["backend"] == request.param, p.info
+    yield p
+    assert p.errors == [], f"the page logged errors: {p.errors}"
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(validation_prompts):
+    by_task = {}
+    for p in validation_prompts:
+        by_task.setdefault(p["task"], []).append(p)
+    return [p for task in sorted(by_task) for p in by_task[task][:PROMPTS_PER_TASK]]
+
+
+def test_build_copies_only_what_the_page_needs(site):
+    manifest = json.loads((site / "models" / "manifest.json").read_text())
+    assert set(manifest["graphs"]) == {"base", "head"}
+    assert sorted(manifest["files"]) == ["base.onnx", "head.onnx"]
+    files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
+    expected = {"index.html", "app.mjs", "mtp.mjs", "style.css", "models/manifest.json", "models/tokenizer.json",
+                "models/base.onnx", "models/head.onnx", *VENDOR.values()}
+    assert files == expected
+    html = (site / "index.html").read_text()
+    assert "http://" not in html and "https://" not in html and 'src="/' not in html, "paths must be relative"
+
+
+def test_serve_gives_the_mime_types_the_page_needs(url):
+    for path, mime in [("", "text/html"), ("app.mjs", "text/javascript"), ("models/manifest.json", "application/json"),
+                       ("vendor/ort/ort-wasm-simd-threaded.asyncify.wasm", "application/wasm")]:
+        with urllib.request.urlopen(url + path) as r:
+            assert r.headers["Content-Type"].split(";")[0] == mime, path
+
+
+def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer):
+    backend = page.info["backend"]
+    n_new = NEW_TOKENS[backend]
+    counts = {"equal": 0, "near-tie": 0, "mismatch": 0}
+    failures = []
+    for p in prompts:
+        prompt_ids = encode_prompt(tokenizer, p["task"], p["prompt"])
+        ref = decode_ar(base, prompt_ids, n_new, base.config.eos_token_id)
+        for mode in ("ar", "mtp"):
+            got = page.generate(prompt=p["prompt"], task=p["task"], mode=mode, k=K, maxNewTokens=n_new)
+            assert got["promptIds"] == prompt_ids, f"{p['task']} {p['prompt']!r}: the page encodes the prompt differently"
+            assert got["backend"] == backend
+            verdict, at = compare_to_reference(ref, got["ids"])
+            counts[verdict] += 1
+            if verdict == "mismatch":
+                failures.append(f"{backend} {mode} {p['task']} {p['prompt']!r}: first mismatch at token {at} "
+                                f"(reference {ref.ids}, page {got['ids']})")
+            elif verdict == "equal":
+                assert got["text"] == tokenizer.decode(ref.ids, skip_special_tokens=True)
+                assert got["steps"] == (len(ref.ids) if mode == "ar" else len(got["accepted"]))
+                if mode == "mtp":  # a step decides accepted + 1 tokens; the last may stop early (EOS, limit)
+                    assert sum(got["accepted"][:-1]) + got["steps"] - 1 < len(ref.ids) <= sum(got["accepted"]) + got["steps"]
+    print(f"\n{backend}: {len(prompts)} prompts x (ar, mtp k={K}), {n_new} tokens: {counts}")
+    assert not failures, "\n".join(failures)
+
+
+TRICKY = ["Café naïve résumé", "日本語のテキストと中文", "emoji 🙂👍🏽 and 🇩🇪 flags", "runs   of    spaces",
+          "lines\n\n\nand\ttabs\r\n", "  leading and trailing  ", "typed <|fix|> and <|endoftext|> stay text",
+          "x" * 300, "mixed: ½ ² → ∞, ǅ, ﬁ"]
+
+
+def test_page_tokenizer_gives_pythons_ids(browser, url, tokenizer):
+    p = Page(browser, url, "?backend=wasm")
+    try:
+        for text in TRICKY:
+            got = p.page.evaluate("(t) => window.frozenMTP.encodeText(t)", text)
+            assert got == encode_text(tokenizer, text), f"token ids differ for {text!r}"
+    finally:
+        p.close()
+
+
+def test_webgpu_decode_reads_back_only_token_ids_and_feeds_the_head_the_bases_gpu_tensors(browser, url, prompts, site):
+    manifest = json.loads((site / "models" / "manifest.json").read_text())
+    head_kv = manifest["head"]["kv_inputs"]  # head input -> the base output it reads
+    cache = dict(zip(manifest["kv"]["past_inputs"], manifest["kv"]["present_outputs"]))
+    p = Page(browser, url, "?backend=webgpu", init_script=GPU_READ_HOOK)
+    try:
+        prompt = next(x for x in prompts if x["task"] == "proofread")
+        p.page.evaluate("window.__gpuReads = []")
+        got = p.generate(prompt=prompt["prompt"], task="proofread", mode="mtp", k=K, maxNewTokens=10, trace=True)
+        reads = p.page.evaluate("window.__gpuReads")
+    finally:
+        p.close()
+    trace = got["trace"]
+    assert [r["graph"] for r in trace[:3]] == ["base", "head", "base"], "prefill, then head drafts, base verifies"
+    # 1. GPU read-backs: exactly one per run, each no bigger than that run's int64 token-id output
+    id_outputs = [[t for t in r["outputs"].values() if t["location"] == "cpu"] for r in trace]
+    assert all(len(outs) == 1 and outs[0]["dtype"] == "int64" for outs in id_outputs), "only token ids on the CPU"
+    assert len(reads) == len(trace), f"{len(reads)} GPU read-backs for {len(trace)} runs: {reads}"
+    id_bytes = [8 * outs[0]["dims"][1] for outs in id_outputs]
+    for read, limit in zip(reads, id_bytes):
+        assert read["bytes"] <= -(-limit // 16) * 16, f"a {read['bytes']}-byte read-back, token ids are {limit} bytes"
+    # 2. every float tensor stays on the GPU, and the head reads the base's own buffers
+    for i, run in enumerate(trace):
+        floats = [t for t in run["inputs"].values() if t["dtype"] == "float32" and t["dims"][1] > 0]
+        assert all(t["location"] == "gpu-buffer" for t in floats), f"run {i} got a float input from the CPU"
+        if run["graph"] == "head":
+            base_out = trace[i - 1]["outputs"]
+            assert trace[i - 1]["graph"] == "base"
+            assert run["inputs"]["hidden"]["buffer"] == base_out["hidden"]["buffer"]
+            for name, output in head_kv.items():
+                assert run["inputs"][name]["buffer"] == base_out[output]["buffer"], f"run {i}: {name} is a copy"
+        if run["graph"] == "base" and i > 0:  # the next base run reads the cache the last one wrote
+            last = next(trace[j] for j in range(i - 1, -1, -1) if trace[j]["graph"] == "base")
+            for past, present in cache.items():
+                assert run["inputs"][past]["buffer"] == last["outputs"][present]["buffer"], f"run {i}: {past} is a copy"
+    print(f"\nwebgpu: {len(trace)} runs, {len(reads)} read-backs, {sum(r['bytes'] for r in reads)} bytes in all")
+
+
+def test_phone_sized_page_generates_and_shows_figures(browser, url):
+    p = Page(browser, url, "?backend=wasm", viewport={"width": 360, "height": 740})
+    page = p.page
+    try:
+        page.get_by_label("Proofread").check()
+        page.locator(".example-list:not([hidden]) .example").first.click()
+        page.get_by_role("button", name="Generate").click()
+        page.wait_for_function("document.getElementById('stop-reason').textContent !== ''", timeout=60_000)
+        assert page.locator("#output").inner_text().strip(), "no text appeared"
+        assert page.locator("#output .tok.drafted").count() > 0, "no accepted draft is highlighted"
+        assert float(page.locator("#tps").inner_text()) > 0
+        assert float(page.locator("#tau").inner_text()) > 1
+        assert page.locator("#bars .bar").count() == 4
+        assert page.evaluate("document.documentElement.scrollWidth") <= 360, "the page scrolls sideways on a phone"
+        page.get_by_role("button", name="Compare plain vs MTP").click()
+        page.wait_for_function("document.getElementById('comparison-verdict').textContent !== ''", timeout=60_000)
+        assert page.locator("#comparison-verdict").inner_text().startswith("Identical text")
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "phone.png"), full_page=True)
+        assert p.errors == []
+        assert all(r.startswith(url) or r.startswith("data:") for r in p.requests), "a request left the site"
+    finally:
+        p.close()
+
+
+def test_without_webgpu_the_page_falls_back_to_wasm_and_says_so(browser, url):
+    no_gpu = "Object.defineProperty(Navigator.prototype, 'gpu', { get: () => undefined });"
+    p = Page(browser, url, "", init_script=no_gpu)
+    try:
+        assert p.info["backend"] == "wasm"
+        assert "no WebGPU" in p.page.locator("#adapter").inner_text()
+    finally:
+        p.close()
