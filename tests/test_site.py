@@ -215,7 +215,8 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
     page = p.page
     try:
         page.get_by_label("Proofread").check()
-        page.locator(".example-list:not([hidden]) .example").first.click()
+        assert page.locator(".example-list:visible").count() == 1, "only the chosen task's examples show"
+        page.locator(".example-list:visible .example").first.click()
         page.get_by_role("button", name="Generate").click()
         page.wait_for_function("document.getElementById('stop-reason').textContent !== ''", timeout=60_000)
         assert page.locator("#output").inner_text().strip(), "no text appeared"
@@ -243,3 +244,25 @@ def test_without_webgpu_the_page_falls_back_to_wasm_and_says_so(browser, url):
         assert "no WebGPU" in p.page.locator("#adapter").inner_text()
     finally:
         p.close()
+
+
+def test_an_altered_model_file_is_a_clear_error_naming_it(browser, site, tmp_path):
+    altered = tmp_path / "site"
+    shutil.copytree(site, altered)
+    data = bytearray((altered / "models" / "head.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (altered / "models" / "head.onnx").write_bytes(bytes(data))
+    server = make_server(altered, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/?backend=wasm")
+        error = page.evaluate("window.frozenMTP.ready.then(() => 'loaded', (e) => e.message)")
+        assert "head.onnx" in error and "altered" in error, error
+        assert page.locator("#message").inner_text() == error, "the page shows the error"
+        assert page.get_by_role("button", name="Generate").is_disabled()
+        context.close()
+    finally:
+        server.shutdown()
+        server.server_close()
