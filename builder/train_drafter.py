@@ -1,0 +1,141 @@
+"""Train the independent drafter: the baseline the MTP head is measured against.
+
+A small Llama-family language model of its own (embeddings, decoder layers, KV cache, prefill), about
+the size of the MTP head, trained by distillation on exactly the head's data: the same training-split
+prompts of both tasks with the frozen base's greedy continuations (`train_head.greedy_continuations`).
+The loss is cross-entropy with the base's full next-token distribution (soft targets, temperature 1)
+at every position, so the drafter learns the base's distribution, not only its argmax.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .corpus import load_corpus, validation_prompts
+from .model import Llama, LlamaConfig, load_llama, save_llama
+from .tasks import load_tokenizer
+from .train_head import HeadTrainConfig, greedy_continuations, make_batches, training_prompts
+
+
+@dataclass
+class DrafterTrainConfig:
+    seed: int = 0
+    hidden_size: int = 128        # 2 layers of width 128, tied embeddings: 0.87 M parameters, the head's size
+    layers: int = 2
+    intermediate_size: int = 320
+    heads: int = 4
+    kv_heads: int = 2
+    batch_size: int = 16
+    steps: int = 6000
+    lr: float = 3e-3
+    warmup: int = 100
+    eval_prompts: int = 60        # validation prompts per task for the tau table
+
+
+def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
+    return LlamaConfig(vocab_size=base.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                       num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+                       max_position_embeddings=base.max_position_embeddings, rope_theta=base.rope_theta,
+                       rms_norm_eps=base.rms_norm_eps, tie_word_embeddings=True,
+                       bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
+
+
+def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig):
+    torch.manual_seed(cfg.seed)
+    t0 = time.time()
+    data_cfg = HeadTrainConfig(seed=cfg.seed)  # the head's data, to the prompt
+    prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
+    data = greedy_continuations(base, prompts, data_cfg.new_tokens, base.config.eos_token_id)
+    data_seconds = time.time() - t0
+
+    drafter = Llama(drafter_config(base.config, cfg))
+    drafter.init_weights(cfg.seed)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
+    drafter.train()
+    bar = tqdm(range(cfg.steps), desc="train-drafter", unit="step")
+    recent = []
+    for step in bar:
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        seqs, valid = next(batches)
+        real = seqs != 0
+        real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
+        with torch.no_grad():
+            target = F.softmax(base(seqs)[0], dim=-1)  # (B, N, V) the base's next-token distribution
+        logits = drafter(seqs)[0]
+        loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1)[real].mean()
+        agree = (logits.argmax(-1) == target.argmax(-1))[valid].float().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        recent = (recent + [(loss.item(), agree.item())])[-50:]
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}",
+                            agree=f"{sum(a for _, a in recent) / len(recent):.2f}")
+    drafter.eval()
+    return drafter, {"train_config": asdict(cfg), "data_seconds": round(data_seconds),
+                     "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data),
+                     "final_loss": sum(l for l, _ in recent) / len(recent),
+                     "final_agreement_with_base": sum(a for _, a in recent) / len(recent),
+                     "drafter_parameters": sum(p.numel() for p in drafter.parameters())}
+
+
+def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict:
+    """What `train-drafter` does: distil, train, save (a standard checkpoint), measure tau, write the card."""
+    from .drafter import torch_drafter
+    from .train_head import measure_acceptance
+
+    base, tok = load_llama(base_dir), load_tokenizer(base_dir)
+    corpus = load_corpus()
+    drafter, log = train_drafter(base, tok, corpus, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    save_llama(drafter, out)
+    shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
+    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), range(1, 7),
+                                           drafter=torch_drafter(drafter))
+    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    write_card(out, log)
+    return log
+
+
+def write_card(out: Path, log: dict) -> None:
+    acc, c = log["acceptance"], log["train_config"]
+    rows = "\n".join(f"| {v['task']} | {v['k']} | {v['tau']:.2f} | {' '.join(f'{p:.2f}' for p in v['accept_by_position'])} "
+                     f"| {v['mismatches']} |" for v in acc.values())
+    (out / "README.md").write_text(f"""# Independent drafter (baseline)
+
+A small Llama-family language model with its own embeddings, KV cache and prefill: the **independent
+drafter** that Frozen MTP is compared against. Standard Hugging Face layout (`config.json`,
+`model.safetensors`, `tokenizer.json`: the base's tokenizer). Reproduce it with
+`python -m builder train-drafter` (seeded).
+
+| | |
+| --- | --- |
+| parameters | {log['drafter_parameters']:,} (the MTP head in `models/mtp` has 869,632) |
+| layers | {c['layers']} decoder layers, width {c['hidden_size']}, MLP {c['intermediate_size']}, {c['heads']} query / {c['kv_heads']} key-value heads, embeddings tied |
+| data | the MTP head's: the same training-split prompts of both tasks with the frozen base's greedy continuations ({log['sequences']:,} sequences) |
+| loss | cross-entropy with the base's full next-token distribution at every position |
+| training | {c['steps']} steps of {c['batch_size']} sequences, AdamW lr {c['lr']}; {log['data_seconds']} s of data, {log['train_seconds']} s of training on 2 CPU cores |
+| final loss | {log['final_loss']:.3f}; argmax agreement with the base on the base's tokens {log['final_agreement_with_base']:.2f} |
+
+## Acceptance (validation prompts, 48 new tokens, torch)
+
+tau = tokens decided per base pass; acceptance by position = share of steps whose i-th draft was accepted;
+mismatches against plain greedy decoding must be 0.
+
+| task | k | tau | acceptance by position | mismatches |
+| --- | --- | --- | --- | --- |
+{rows}
+""")
