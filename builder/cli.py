@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .corpus import DataError
 from .model import CheckpointError
+from .bench import RUNTIMES
 from .site import SiteError
 from .tasks import TASKS, PromptError
 
@@ -42,8 +43,10 @@ def build_parser() -> Parser:
     src.add_argument("--prompts-file", type=Path, help='JSON lines: {"prompt": "...", "task": "..."}')
     g.add_argument("--task", default="continue", choices=list(TASKS))
     g.add_argument("--head", default="models/mtp", help="MTP head directory (mode mtp)")
-    g.add_argument("--mode", default="ar", choices=["ar", "mtp"],
-                   help="ar: plain greedy decoding with the base alone; mtp: the MTP head drafts, the base verifies")
+    g.add_argument("--drafter", default="models/drafter", help="independent drafter directory (mode drafter)")
+    g.add_argument("--mode", default="ar", choices=["ar", "mtp", "drafter"],
+                   help="ar: plain greedy decoding with the base alone; mtp: the MTP head drafts, the base "
+                        "verifies; drafter: the independent drafter drafts, the base verifies")
     g.add_argument("--k", type=int, default=4, help="tokens drafted per step (speculative modes)")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--backend", default="torch", choices=["torch", "onnx"],
@@ -62,6 +65,7 @@ def build_parser() -> Parser:
     b = sub.add_parser("build", help="export the models to ONNX and render the static site")
     b.add_argument("--base", default="models/base", help="base checkpoint directory")
     b.add_argument("--head", default="models/mtp", help="MTP head directory")
+    b.add_argument("--drafter", default="models/drafter", help="independent drafter directory")
     b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
     b.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export the site copies; exported there first when missing or stale")
@@ -75,6 +79,25 @@ def build_parser() -> Parser:
     h.add_argument("--head", default="models/mtp", help="where the trained head is written")
     h.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped head's)")
     h.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
+    r.add_argument("--base", default="models/base", help="base checkpoint directory")
+    r.add_argument("--head", default="models/mtp", help="MTP head directory")
+    r.add_argument("--drafter", default="models/drafter", help="independent drafter directory")
+    r.add_argument("--json", default="build/bench/bench.json", type=Path,
+                   help="where the results go; the report (bench.md and PNG plots) is written next to it")
+    r.add_argument("--runtimes", default=",".join(RUNTIMES), help="comma-separated, from " + ", ".join(RUNTIMES))
+    r.add_argument("--prompts", type=positive_int, help="validation prompts per task (every runtime)")
+    r.add_argument("--new-tokens", type=positive_int, help="new tokens per prompt (every runtime)")
+    r.add_argument("--ks", help="comma-separated k of the speculative modes (every runtime)")
+    r.add_argument("--repeats", type=positive_int, help="measured rounds (every runtime)")
+    r.add_argument("--onnx-dir", default="build/onnx", help="the ONNX export (made when missing or stale)")
+    r.add_argument("--site-dir", default="build/site", help="the site the browser runtimes load (rebuilt)")
+
+    d = sub.add_parser("train-drafter", help="reproduce models/drafter: the independent drafter baseline")
+    d.add_argument("--base", default="models/base", help="the base whose greedy outputs the drafter learns")
+    d.add_argument("--drafter", default="models/drafter", help="where the trained drafter is written")
+    d.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped drafter's)")
+    d.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -101,6 +124,8 @@ def read_prompts(args) -> list[dict]:
 
 
 def cmd_generate(args) -> None:
+    from .drafter import torch_drafter
+    from .export import load_drafter
     from .generate import TorchBackend, check_room, decode
     from .model import load_llama
     from .mtp import load_head
@@ -110,7 +135,8 @@ def cmd_generate(args) -> None:
         raise PromptError(f"--k must be between 1 and 16, got {args.k}")
     base_dir = Path(args.base)
     if args.backend == "onnx":
-        backend = open_onnx(base_dir, Path(args.head) if args.mode == "mtp" else None, Path(args.onnx_dir))
+        backend = open_onnx(base_dir, Path(args.head) if args.mode == "mtp" else None, Path(args.onnx_dir),
+                            Path(args.drafter) if args.mode == "drafter" else None)
         eos = backend.manifest["eos_token_id"]
         if args.mode == "mtp" and args.k > backend.k_max:
             raise PromptError(f"--k must be at most {backend.k_max} with --backend onnx "
@@ -118,7 +144,9 @@ def cmd_generate(args) -> None:
     else:
         model = load_llama(base_dir)
         eos = model.config.eos_token_id
-        backend = TorchBackend(model, load_head(args.head, model) if args.mode == "mtp" else None)
+        backend = TorchBackend(model, head=load_head(args.head, model) if args.mode == "mtp" else None,
+                               drafter=torch_drafter(load_drafter(Path(args.drafter), model))
+                               if args.mode == "drafter" else None)
     tok = load_tokenizer(base_dir)
     k = args.k if args.mode != "ar" else 0
     jobs = []
@@ -145,20 +173,20 @@ def cmd_generate(args) -> None:
             print(text, flush=True)
 
 
-def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path):
+def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path, drafter_dir: Path | None = None):
     """The ONNX backend over onnx_dir, exported there first unless it already is these checkpoints' export."""
     from .export import export, is_export_of
     from .onnx_backend import OnnxBackend
 
-    if not is_export_of(onnx_dir, base_dir, head_dir):
-        export(base_dir, head_dir, onnx_dir, note=lambda msg: sys.stderr.write(msg + "\n"))
-    return OnnxBackend(onnx_dir, with_head=head_dir is not None)
+    if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
+        export(base_dir, head_dir, onnx_dir, note=lambda msg: sys.stderr.write(msg + "\n"), drafter_dir=drafter_dir)
+    return OnnxBackend(onnx_dir, with_head=head_dir is not None, with_drafter=drafter_dir is not None)
 
 
 def cmd_build(args) -> None:
     from .site import build
 
-    build(Path(args.base), Path(args.head), Path(args.out), Path(args.onnx_dir),
+    build(Path(args.base), Path(args.head), Path(args.drafter), Path(args.out), Path(args.onnx_dir),
           note=lambda msg: sys.stderr.write(msg + "\n"))
     print(f"built {args.out}: serve it with `python -m builder serve --dir {args.out}`")
 
@@ -189,7 +217,48 @@ def cmd_train_head(args) -> None:
     print(f"wrote {args.head}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
 
 
-COMMANDS = {"generate": cmd_generate, "build": cmd_build, "serve": cmd_serve, "train-base": cmd_train_base, "train-head": cmd_train_head}
+def cmd_bench(args) -> None:
+    from dataclasses import replace
+
+    from .bench import BenchConfig, bench
+    from .report import summary_table, write_report
+
+    runtimes = tuple(x.strip() for x in args.runtimes.split(",") if x.strip())
+    unknown = [x for x in runtimes if x not in RUNTIMES]
+    if unknown or not runtimes:
+        raise PromptError(f"unknown runtime {unknown[0] if unknown else '(none)'}: choose from {', '.join(RUNTIMES)}")
+    ks = None
+    if args.ks:
+        try:
+            ks = tuple(int(x) for x in args.ks.split(","))
+        except ValueError:
+            raise PromptError(f"--ks must be comma-separated whole numbers, got {args.ks!r}") from None
+        if not all(1 <= k <= 6 for k in ks):
+            raise PromptError(f"--ks must lie between 1 and 6 (the head drafts 6), got {args.ks}")
+    cfg = BenchConfig(runtimes=runtimes)
+    override = {name: v for name, v in (("prompts", args.prompts), ("new_tokens", args.new_tokens), ("ks", ks),
+                                        ("repeats", args.repeats)) if v is not None}
+    cfg.plans = {rt: replace(plan, **override) for rt, plan in cfg.plans.items()}
+    log = lambda msg: sys.stderr.write(msg + "\n")  # noqa: E731
+    data = bench(cfg, Path(args.base), Path(args.head), Path(args.drafter), Path(args.onnx_dir), Path(args.site_dir), log)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(data, indent=2) + "\n")
+    md = write_report(data, args.json)
+    print(summary_table(data))
+    print(f"wrote {args.json} and {md}")
+
+
+def cmd_train_drafter(args) -> None:
+    from .train_drafter import DrafterTrainConfig, train_and_report
+
+    cfg = DrafterTrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    log = train_and_report(Path(args.base), Path(args.drafter), cfg)
+    k4 = {t: log["acceptance"][f"{t}/k=4"]["tau"] for t in TASKS}
+    print(f"wrote {args.drafter}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
+
+
+COMMANDS = {"generate": cmd_generate, "build": cmd_build, "serve": cmd_serve, "train-base": cmd_train_base, "train-head": cmd_train_head,
+            "train-drafter": cmd_train_drafter, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ small wrappers that only rename and flatten:
                    hidden (1, T, C)         the final normed hidden states
                    present_key_i / present_value_i (1, S + T, n_kv, head_dim)
                 T and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
-    head.onnx   hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the index
+    head.onnx   (and head_k1 .. head_k{K-1}.onnx: the same chain cut at k drafts, so that drafting k costs k steps)
+                hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the index
                 of the anchor in it; token (1, 1) int64: the base's choice at the anchor; past_key /
                 past_value (1, S, n_kv, head_dim): the base's cache of layer kv_layer, positions
                 0..anchor (the anchor is the last cached position)
@@ -65,13 +66,13 @@ class BaseGraph(nn.Module):
 class HeadGraph(nn.Module):
     """The head's whole draft chain of K tokens in one graph, reading the base's outputs as they are."""
 
-    def __init__(self, head: MTPHead, base: Llama):
+    def __init__(self, head: MTPHead, base: Llama, k: int):
         super().__init__()
-        self.head, self.base = head, base
+        self.head, self.base, self.k = head, base, k
 
     def forward(self, hidden, anchor, token, past_key, past_value):
         h = hidden.index_select(1, anchor)  # (1, 1, C): the base's hidden state at the anchor
-        return self.head.draft_ids(self.base, h, token, past_key, past_value, self.head.config.k_train)
+        return self.head.draft_ids(self.base, h, token, past_key, past_value, self.k)
 
 
 class StepGraph(nn.Module):
@@ -134,13 +135,13 @@ def base_io(base: Llama) -> dict:
                         io("hidden", "float32", [1, "T", cfg.hidden_size], "gpu")] + present}
 
 
-def head_io(head: MTPHead) -> dict:
+def head_io(head: MTPHead, k: int) -> dict:
     cfg = head.config
     kv = [cfg.num_key_value_heads, cfg.head_dim]
     return {"inputs": [io("hidden", "float32", [1, "T", cfg.hidden_size]), io("anchor", "int64", [1]),
                        io("token", "int64", [1, 1]), io("past_key", "float32", [1, "S", *kv]),
                        io("past_value", "float32", [1, "S", *kv])],
-            "outputs": [io("drafts", "int64", [1, cfg.k_train], "cpu")]}
+            "outputs": [io("drafts", "int64", [1, k], "cpu")]}
 
 
 def step_io(base: Llama, head: MTPHead) -> dict:
@@ -176,15 +177,15 @@ def export_base(base: Llama, path: Path) -> dict:
     return spec
 
 
-def export_head(head: MTPHead, base: Llama, path: Path) -> dict:
+def export_head(head: MTPHead, base: Llama, path: Path, k: int) -> dict:
     cfg = base.config
     T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
     S = torch.export.Dim("S", min=1, max=cfg.max_position_embeddings)
     hidden = torch.zeros(1, 3, cfg.hidden_size)
     kv = torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim)
     args = (hidden, torch.tensor([2]), torch.tensor([[1]]), kv, kv.clone())
-    spec = head_io(head)
-    export_graph(HeadGraph(head, base), args, spec, ({1: T}, None, None, {1: S}, {1: S}), path)
+    spec = head_io(head, k)
+    export_graph(HeadGraph(head, base, k), args, spec, ({1: T}, None, None, {1: S}, {1: S}), path)
     return spec
 
 
@@ -199,16 +200,19 @@ def export_step(head: MTPHead, base: Llama, path: Path) -> dict:
     return spec
 
 
-def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
-    """Exports base (and head, when head_dir is given) from their checkpoints into out/, with manifest.json.
+def export(base_dir: Path, head_dir: Path | None, out: Path, note=None, drafter_dir: Path | None = None) -> dict:
+    """Exports base (and head, drafter, when their directories are given) from their checkpoints into out/,
+    with manifest.json.
 
     note(message) is called once the checkpoints have loaded, before the (slow) export starts."""
     base_dir, out = Path(base_dir), Path(out)
     base = load_llama(base_dir)
     tok = load_tokenizer(base_dir)
     head = load_head(head_dir, base) if head_dir is not None else None
+    drafter = load_drafter(drafter_dir, base) if drafter_dir is not None else None
     if note:
-        note(f"exporting {base_dir}{' and ' + str(head_dir) if head else ''} to ONNX in {out}")
+        what = [str(d) for d in (base_dir, head_dir, drafter_dir) if d is not None]
+        note(f"exporting {', '.join(what)} to ONNX in {out}")
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # no manifest describes a half-written export
     cfg = base.config
@@ -216,16 +220,20 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
     sources = {"base": source_hashes(base_dir), "code": code_hash()}
     head_info = None
     if head is not None:
-        graphs["head"] = {"file": "head.onnx", **export_head(head, base, out / "head.onnx")}
+        K = head.config.k_train
+        by_k = {k: "head" if k == K else f"head_k{k}" for k in range(1, K + 1)}  # a chain of exactly k drafts
+        for k, name in by_k.items():
+            graphs[name] = {"file": f"{name}.onnx", **export_head(head, base, out / f"{name}.onnx", k)}
         graphs["step"] = {"file": "step.onnx", **export_step(head, base, out / "step.onnx")}
         sources["head"] = source_hashes(Path(head_dir))
-        head_info = {"k": head.config.k_train, "kv_layer": head.config.kv_layer,
+        head_info = {"k": head.config.k_train, "kv_layer": head.config.kv_layer, "by_k": by_k,
                      "kv_inputs": {"past_key": f"present_key_{head.config.kv_layer}",
                                    "past_value": f"present_value_{head.config.kv_layer}"},
                      "usage": "hidden: the base's last hidden output as it is; anchor: index of the anchor "
                               "(the last accepted position) in it; token: the base's choice at the anchor; "
                               "past_key/past_value: the base's present of layer kv_layer, rolled back so "
-                              "that the anchor is its last position. drafts[0, :k] are the k drafts.",
+                              "that the anchor is its last position. by_k names the head graph that drafts "
+                              "exactly k tokens (each costs k draft steps); its drafts[0, :k] are the k drafts.",
                      "step": "the step graph fuses a speculative step into one run: its inputs are the base "
                              "graph's (input_ids = [token, d_1..d_k]); besides the base's outputs it returns "
                              "accepted (n, by the acceptance rule) and the K drafts after the anchor at fed "
@@ -233,6 +241,18 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
                              "caller keeps n + 1 fed tokens (rolls back to S + n + 1) and continues from "
                              "choices[n], as the decode loop does unless it stops; the first step after the "
                              "prefill drafts with the head graph."}
+    drafter_info = None
+    if drafter is not None:
+        spec = export_base(drafter, out / "drafter.onnx")
+        graphs["drafter"] = {"file": "drafter.onnx", **spec}
+        sources["drafter"] = source_hashes(Path(drafter_dir))
+        dc = drafter.config
+        drafter_info = {"kv": {"layers": dc.num_hidden_layers, "shape": [1, "S", dc.num_key_value_heads, dc.head_dim],
+                               "past_inputs": [n for n in names(spec["inputs"]) if n.startswith("past_")],
+                               "present_outputs": [n for n in names(spec["outputs"]) if n.startswith("present_")]},
+                        "usage": "an independent language model with the base graph's inputs and outputs: it keeps "
+                                 "its own cache of the sequence (prefill, then one run per draft token, "
+                                 "choices[0, -1] is the next draft), rolled back by prefix like the base's"}
     manifest = {
         "format": FORMAT,
         "opset": OPSET,
@@ -250,6 +270,7 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None) -> dict:
                            "sequence axis (dims [1, n, ...] over the same buffer), no copy; keep the "
                            "owning tensor alive while a view of it is in use"},
         "head": head_info,
+        "drafter": drafter_info,
         "special_tokens": {t: tok.token_to_id(t) for t in SPECIAL_TOKENS},
         "eos_token_id": cfg.eos_token_id,
         "tasks": {name: {"marker": marker, "separator": sep} for name, (marker, sep) in TASKS.items()},
@@ -284,7 +305,17 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
-def is_export_of(directory: Path, base_dir: Path, head_dir: Path | None) -> bool:
+def load_drafter(directory: Path, base: Llama) -> Llama:
+    """An independent drafter checkpoint, checked to share the base's vocabulary and context."""
+    drafter = load_llama(directory)
+    for field in ("vocab_size", "max_position_embeddings", "eos_token_id"):
+        if getattr(drafter.config, field) != getattr(base.config, field):
+            raise CheckpointError(f"the drafter in {directory} has {field} {getattr(drafter.config, field)}, "
+                                  f"the base {getattr(base.config, field)}: it cannot draft for this base")
+    return drafter
+
+
+def is_export_of(directory: Path, base_dir: Path, head_dir: Path | None, drafter_dir: Path | None = None) -> bool:
     """Whether directory holds an export of exactly these checkpoints (files not checked here)."""
     try:
         manifest = json.loads((Path(directory) / MANIFEST).read_text())
@@ -292,5 +323,7 @@ def is_export_of(directory: Path, base_dir: Path, head_dir: Path | None) -> bool
         return False
     src = manifest.get("source", {})
     if src.get("base") != source_hashes(Path(base_dir)) or src.get("code") != code_hash():
+        return False
+    if drafter_dir is not None and src.get("drafter") != source_hashes(Path(drafter_dir)):
         return False
     return head_dir is None or src.get("head") == source_hashes(Path(head_dir))

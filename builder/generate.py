@@ -82,28 +82,33 @@ def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class TorchState:
     cache: list[KV]       # per layer (key, value), (1, S, n_kv, head_dim): positions 0..S-1
     hidden: torch.Tensor  # (T, C) the base's final hidden states of the last T fed tokens; the last is the anchor
+    ids: list[int]        # the S tokens in the cache
 
 
 class TorchBackend:
-    """The decode loop's interface over the PyTorch base and, optionally, a draft source.
+    """The decode loop's interface over the PyTorch base and, optionally, one draft source:
 
-    `drafter` is anything with draft(base, hidden, token, cache, k) -> list[int], such as the MTP head.
+    `head`: anything with draft(base, hidden, token, cache, k) -> list[int] that reads the base's state,
+    such as the MTP head; `drafter`: anything with draft(context_ids, k) -> list[int] that reads only
+    tokens, such as the independent drafter (builder/drafter.py).
     """
 
-    def __init__(self, base: Llama, drafter=None):
-        self.base, self.drafter = base, drafter
+    def __init__(self, base: Llama, head=None, drafter=None):
+        if head is not None and drafter is not None:
+            raise ValueError("one draft source: a head or a drafter")
+        self.base, self.head, self.drafter = base, head, drafter
         self.context = base.config.max_position_embeddings
 
     @torch.no_grad()
     def prefill(self, ids: list[int]) -> TorchState:
         _, hidden, cache = self.base(torch.tensor([ids]))
-        return TorchState(cache, hidden[0])
+        return TorchState(cache, hidden[0], list(ids))
 
     @torch.no_grad()
     def verify(self, state: TorchState, ids: list[int]):
         logits, hidden, cache = self.base(torch.tensor([ids]), state.cache)
         choice, margin = greedy(logits[0])
-        return choice.tolist(), margin.tolist(), TorchState(cache, hidden[0])
+        return choice.tolist(), margin.tolist(), TorchState(cache, hidden[0], state.ids + ids)
 
     def rollback(self, state: TorchState, n_fed: int) -> TorchState:
         """Keep the first n_fed of the tokens just verified: a prefix view of every cache tensor."""
@@ -111,12 +116,14 @@ class TorchBackend:
         if drop == 0:
             return state
         cache = [(k[:, :-drop], v[:, :-drop]) for k, v in state.cache]
-        return TorchState(cache, state.hidden[:n_fed])
+        return TorchState(cache, state.hidden[:n_fed], state.ids[:-drop])
 
     def draft(self, state: TorchState, token: int, k: int) -> list[int]:
-        if self.drafter is None:
-            raise ValueError("this backend has no draft source")
-        return self.drafter.draft(self.base, state.hidden[-1], token, state.cache, k)
+        if self.head is not None:
+            return self.head.draft(self.base, state.hidden[-1], token, state.cache, k)
+        if self.drafter is not None:
+            return self.drafter.draft(state.ids + [token], k)
+        raise ValueError("this backend has no draft source")
 
 
 def decode_ar(model: Llama, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None) -> Decoded:

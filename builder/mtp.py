@@ -81,16 +81,15 @@ class HeadAttention(nn.Module):
         q = apply_rope(self.q_proj(x).view(B, N, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(B, N, self.n_kv, self.head_dim), cos, sin)
         chain.append((k, self.v_proj(x).view(B, N, self.n_kv, self.head_dim)))
-        kb, vb = base_k.repeat_interleave(g, dim=2), base_v.repeat_interleave(g, dim=2)  # (B, S, H, D)
-        ko = torch.stack([c[0] for c in chain], dim=3).repeat_interleave(g, dim=2)      # (B, N, H, J, D)
-        vo = torch.stack([c[1] for c in chain], dim=3).repeat_interleave(g, dim=2)
-        scale = self.head_dim ** -0.5
-        s_base = torch.einsum("bnhd,bshd->bhns", q, kb) * scale                          # (B, H, N, S)
-        s_base = s_base.masked_fill(~base_mask, float("-inf"))
-        s_own = torch.einsum("bnhd,bnhjd->bhnj", q, ko) * scale                          # (B, H, N, J)
+        q = q.view(B, N, self.n_kv, g, self.head_dim) * self.head_dim ** -0.5  # grouped: no repeated keys
+        ko = torch.stack([c[0] for c in chain], dim=2)                          # (B, N, J, n_kv, D)
+        vo = torch.stack([c[1] for c in chain], dim=2)
+        s_base = torch.einsum("bnkgd,bskd->bnkgs", q, base_k)                   # (B, N, n_kv, g, S)
+        s_base = s_base.masked_fill(~base_mask[None, :, None, None, :], float("-inf"))
+        s_own = torch.einsum("bnkgd,bnjkd->bnkgj", q, ko)                       # (B, N, n_kv, g, J)
         p = torch.cat((s_base, s_own), dim=-1).softmax(dim=-1)
-        S = kb.shape[1]
-        y = torch.einsum("bhns,bshd->bnhd", p[..., :S], vb) + torch.einsum("bhnj,bnhjd->bnhd", p[..., S:], vo)
+        S = base_k.shape[1]
+        y = torch.einsum("bnkgs,bskd->bnkgd", p[..., :S], base_v) + torch.einsum("bnkgj,bnjkd->bnkgd", p[..., S:], vo)
         return self.o_proj(y.reshape(B, N, -1))
 
 
@@ -132,11 +131,11 @@ class MTPHead(nn.Module):
         if anchor is None:
             anchor = torch.arange(S - 1, S)
         mask = (torch.arange(S) <= anchor)[None]  # (1, S)
-        h, tok, chain, logits = hidden, token, [], []
+        tok, chain, logits = token, [], []
         for j in range(1, k + 1):
-            h = self.step(h, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chain)
-            logits.append(base.lm_head(h))  # (1, 1, V)
-            tok = logits[-1].argmax(dim=-1)  # (1, 1)
+            hidden = self.step(hidden, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chain)
+            logits.append(base.lm_head(hidden))  # (1, 1, V)
+            tok = logits[-1].argmax(dim=-1)  # (1, 1): fed to the next step
         # one argmax over all the chain's logits rather than a concatenation of its token ids:
         # onnxruntime-web's WebGPU EP has no int64 Concat, and on the CPU it would download every draft
         return torch.cat(logits, dim=1).argmax(dim=-1)  # (1, k)

@@ -2,11 +2,13 @@
 
 It satisfies the interface `builder.generate.decode` drives (`context`, `prefill`, `verify`,
 `rollback`, `draft`), as TorchBackend does, and runs what the browser runs. Plain decoding: one base
-run per step. With the head: by default ONE step-graph run per speculative step - it verifies, applies
-the acceptance rule and drafts the next chain from the new anchor - so `draft` returns drafts computed
-by the previous `verify` (the head graph runs only for the first step, and whenever the loop rolled back
-to another length than the graph's acceptance, which the one decode loop never does). fused=False
-runs the head graph and the base graph separately: two runs per step. Everything it needs to know
+run per step. With the head, as the page does: two runs per speculative step, the head graph that
+drafts exactly k (`head_k{k}`, opened when first used) and the base verifying k + 1. fused=True runs
+ONE step-graph run per step instead - it verifies, applies the acceptance rule and drafts the next
+full chain of K from the new anchor - so `draft` returns drafts computed by the previous `verify` (the
+head graph runs only for the first step, and whenever the loop rolled back to another length than the
+graph's acceptance, which the one decode loop never does); it always drafts K. With the drafter: its
+own cache, one drafter run per draft (builder/drafter.py). Everything it needs to know
 about the graphs - input and output names, KV layout, K, the head's KV layer - comes from
 manifest.json; every file is checked against the manifest's size and sha256 before a session opens.
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .drafter import IndependentDrafter
 from .export import read_manifest
 from .model import CheckpointError
 
@@ -25,18 +28,24 @@ from .model import CheckpointError
 class OnnxState:
     cache: dict[str, np.ndarray]  # past input name -> (1, S, n_kv, head_dim): positions 0..S-1
     hidden: np.ndarray            # (1, T, C) the base's hidden output for the last T fed tokens; the last is the anchor
+    ids: list[int]                # the S tokens in the cache
     ahead: tuple[int, int, list[int]] | None = None  # step graph: (accepted n, the base's choice at fed
                                                      # position n, the K drafts after it)
 
 
 class OnnxBackend:
-    def __init__(self, directory: str | Path, with_head: bool = False, fused: bool = True, threads: int = 1):
+    def __init__(self, directory: str | Path, with_head: bool = False, fused: bool = False, threads: int = 1,
+                 with_drafter: bool = False):
         import onnxruntime as ort
 
         self.directory = Path(directory)
         self.manifest = m = read_manifest(self.directory)
         if with_head and m.get("head") is None:
             raise CheckpointError(f"{self.directory / 'manifest.json'} has no head graph: export with a head")
+        if with_drafter and m.get("drafter") is None:
+            raise CheckpointError(f"{self.directory / 'manifest.json'} has no drafter graph: export with a drafter")
+        if with_head and with_drafter:
+            raise ValueError("one draft source: the head or the drafter")
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.log_severity_level = 3
@@ -46,10 +55,13 @@ class OnnxBackend:
                                         providers=["CPUExecutionProvider"])
 
         self.base = session("base")
-        self.head = session("head") if with_head else None
+        self.session = session
+        self.heads = {}  # k -> the head graph drafting exactly k, opened when first used
+        self.with_head = with_head
         self.step = session("step") if with_head and fused else None
+        self.drafter = self.independent_drafter(session("drafter")) if with_drafter else None
         self.context = m["context_length"]
-        self.k_max = m["head"]["k"] if with_head else 0
+        self.k_max = m["head"]["k"] if with_head else 0  # the head graph drafts K; the drafter any k
         kv = m["kv"]
         self.past = kv["past_inputs"]                               # past_key_0, past_value_0, ..
         self.present = dict(zip(kv["present_outputs"], self.past))  # present name -> past name it feeds
@@ -60,7 +72,7 @@ class OnnxBackend:
         self.head_kv = {name: self.present[out] for name, out in m["head"]["kv_inputs"].items()} if with_head else {}
         self.runs = 0  # session.run calls, for the calls-per-step count
 
-    def _base(self, state_cache: dict[str, np.ndarray], ids: list[int], step: bool = False):
+    def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int], step: bool = False):
         feeds = {"input_ids": np.array([ids], dtype=np.int64), **state_cache}
         ahead = None
         if step:
@@ -71,35 +83,56 @@ class OnnxBackend:
             choices, margins, hidden, *present = self.base.run(self.outputs, feeds)
         self.runs += 1
         cache = {self.present[name]: t for name, t in zip(self.outputs[3:], present)}
-        return choices[0].tolist(), margins[0].tolist(), OnnxState(cache, hidden, ahead)
+        return choices[0].tolist(), margins[0].tolist(), OnnxState(cache, hidden, state_ids + ids, ahead)
 
     def prefill(self, ids: list[int]) -> OnnxState:
         empty = np.zeros([1, 0, *self.kv_shape[2:]], dtype=np.float32)  # S = 0: no past yet
-        return self._base({name: empty for name in self.past}, ids)[2]
+        return self._base({name: empty for name in self.past}, [], ids)[2]
 
     def verify(self, state: OnnxState, ids: list[int]):
         # a plain step (nothing drafted) needs no next drafts: the loop drafts only when it continues
-        return self._base(state.cache, ids, step=self.step is not None and len(ids) > 1)
+        return self._base(state.cache, state.ids, ids, step=self.step is not None and len(ids) > 1)
 
     def rollback(self, state: OnnxState, n_fed: int) -> OnnxState:
         """Keep the first n_fed of the tokens just verified: a prefix view on the sequence axis, no copy."""
         drop = state.hidden.shape[1] - n_fed
         ahead = state.ahead if state.ahead and state.ahead[0] + 1 == n_fed else None  # drafted from this anchor
         if drop == 0:
-            return OnnxState(state.cache, state.hidden, ahead)
-        keep = next(iter(state.cache.values())).shape[1] - drop
-        return OnnxState({name: t[:, :keep] for name, t in state.cache.items()}, state.hidden[:, :n_fed], ahead)
+            return OnnxState(state.cache, state.hidden, state.ids, ahead)
+        keep = len(state.ids) - drop
+        return OnnxState({name: t[:, :keep] for name, t in state.cache.items()}, state.hidden[:, :n_fed],
+                         state.ids[:keep], ahead)
+
+    def independent_drafter(self, session) -> IndependentDrafter:
+        """The drafter graph behind the one drafting logic of builder/drafter.py (its own cache, by prefix)."""
+        kv = self.manifest["drafter"]["kv"]
+        present_to_past = dict(zip(kv["present_outputs"], kv["past_inputs"]))
+        outputs = ["choices", *kv["present_outputs"]]
+        empty = np.zeros([1, 0, *kv["shape"][2:]], dtype=np.float32)
+
+        def forward(ids, cache):
+            feeds = {"input_ids": np.array([ids], dtype=np.int64),
+                     **(cache if cache is not None else {name: empty for name in kv["past_inputs"]})}
+            choices, *present = session.run(outputs, feeds)
+            self.runs += 1
+            return int(choices[0, -1]), {present_to_past[n]: t for n, t in zip(kv["present_outputs"], present)}
+
+        return IndependentDrafter(forward, lambda cache, n: {name: t[:, :n] for name, t in cache.items()})
 
     def draft(self, state: OnnxState, token: int, k: int) -> list[int]:
-        if self.head is None:
-            raise ValueError("this backend has no head")
+        if self.drafter is not None:
+            return self.drafter.draft(state.ids + [token], k)
+        if not self.with_head:
+            raise ValueError("this backend has no draft source")
         if k > self.k_max:
             raise ValueError(f"the head graph drafts {self.k_max} tokens, {k} asked")
+        if k not in self.heads:
+            self.heads[k] = self.session(self.manifest["head"]["by_k"][str(k)])
         if state.ahead is not None and state.ahead[1] == token:  # the step graph drafted from this anchor
             return state.ahead[2][:k]
         feeds = {"hidden": state.hidden, "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64),
                  "token": np.array([[token]], dtype=np.int64),
                  **{name: state.cache[past] for name, past in self.head_kv.items()}}
-        (drafts,) = self.head.run(["drafts"], feeds)
+        (drafts,) = self.heads[k].run(["drafts"], feeds)
         self.runs += 1
         return drafts[0, :k].tolist()

@@ -25,7 +25,6 @@ from .export import MANIFEST, export, is_export_of, read_manifest
 from .model import CheckpointError
 
 WEB = Path(__file__).resolve().parent.parent / "web"
-SITE_GRAPHS = ("base", "head")  # the page runs the head (draft k) and the base (verify k + 1): two runs a step
 # node_modules file -> site file. ort.webgpu.min.mjs is onnxruntime-web's native WebGPU bundle; it also
 # runs the wasm EP, from the asyncify build of the WebAssembly runtime it imports next to itself.
 VENDOR = {
@@ -44,11 +43,11 @@ class SiteError(RuntimeError):
     """The site cannot be built or served (npm missing, web/ incomplete, port taken)."""
 
 
-def build(base_dir: Path, head_dir: Path, out: Path, onnx_dir: Path, note=print) -> dict:
+def build(base_dir: Path, head_dir: Path, drafter_dir: Path, out: Path, onnx_dir: Path, note=print) -> dict:
     """Builds the static site into out/ (replacing it). Returns the site's manifest."""
-    base_dir, head_dir, out, onnx_dir = Path(base_dir), Path(head_dir), Path(out), Path(onnx_dir)
-    if not is_export_of(onnx_dir, base_dir, head_dir):
-        export(base_dir, head_dir, onnx_dir, note=note)
+    base_dir, head_dir, drafter_dir, out, onnx_dir = map(Path, (base_dir, head_dir, drafter_dir, out, onnx_dir))
+    if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
+        export(base_dir, head_dir, onnx_dir, note=note, drafter_dir=drafter_dir)
     manifest = read_manifest(onnx_dir)  # every file checked against its sha256
     node_modules = npm_ci(WEB, note)
 
@@ -86,7 +85,10 @@ def npm_ci(web: Path, note) -> Path:
 
 def site_models(manifest: dict, onnx_dir: Path, base_dir: Path, models: Path) -> dict:
     """Copies the graphs the page runs and the tokenizer; writes the manifest of exactly those files."""
-    graphs = {name: manifest["graphs"][name] for name in SITE_GRAPHS}
+    # the base; the head graph of every k (mtp: the head drafts k in one run, the base verifies k + 1 in one);
+    # the independent drafter (one run per draft). Not the fused step graph: the page runs two graphs a step.
+    names = ["base", *manifest["head"]["by_k"].values(), "drafter"]
+    graphs = {name: manifest["graphs"][name] for name in names}
     files = {g["file"]: manifest["files"][g["file"]] for g in graphs.values()}
     for name in files:
         shutil.copyfile(onnx_dir / name, models / name)

@@ -180,8 +180,9 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
 
 # --- 3. acceptance on validation prompts -----------------------------------------------------------
 
-def measure_acceptance(base: Llama, head: MTPHead, tok, prompts: list[dict], ks, max_new_tokens: int = 48) -> dict:
-    """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy."""
+def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, **source) -> dict:
+    """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy.
+    source: head=... or drafter=..., as TorchBackend takes them."""
     eos = base.config.eos_token_id
     table = {}
     for task in sorted({p["task"] for p in prompts}):
@@ -190,7 +191,7 @@ def measure_acceptance(base: Llama, head: MTPHead, tok, prompts: list[dict], ks,
         for k in ks:
             accepted, mismatches, near_ties = [], 0, 0
             for ids, ref in zip(items, refs):
-                out = decode(TorchBackend(base, head), ids, max_new_tokens, eos, k)
+                out = decode(TorchBackend(base, **source), ids, max_new_tokens, eos, k)
                 verdict, _ = compare_to_reference(ref, out.ids)
                 mismatches += verdict == "mismatch"
                 near_ties += verdict == "near-tie"
@@ -209,7 +210,7 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig) -> dict:
     corpus = load_corpus()
     head, log = train_head(base, tok, corpus, cfg)
     save_head(head, out)
-    log["acceptance"] = measure_acceptance(base, head, tok, validation_prompts(corpus, cfg.eval_prompts), range(1, 7))
+    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), range(1, 7), head=head)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log, head.config)
     return log

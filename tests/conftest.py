@@ -9,6 +9,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 BASE_DIR = ROOT / "models" / "base"
 HEAD_DIR = ROOT / "models" / "mtp"
+DRAFTER_DIR = ROOT / "models" / "drafter"
 
 torch.set_num_threads(2)
 
@@ -43,9 +44,9 @@ def validation_prompts(corpus):
 
 @pytest.fixture(scope="session")
 def onnx_dir(tmp_path_factory):
-    """The shipped base and head exported to ONNX once for the session (ONNX and site tests)."""
+    """The shipped base, head and drafter exported to ONNX once for the session (ONNX and site tests)."""
     from builder.export import export
 
     out = tmp_path_factory.mktemp("onnx")
-    export(BASE_DIR, HEAD_DIR, out)
+    export(BASE_DIR, HEAD_DIR, out, drafter_dir=DRAFTER_DIR)
     return out

@@ -23,7 +23,7 @@ from tests.test_cli import expect_error, run
 
 @pytest.fixture(scope="module")
 def backend(onnx_dir):
-    return OnnxBackend(onnx_dir, with_head=True)
+    return OnnxBackend(onnx_dir, with_head=True, fused=True)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def head(base):
 
 
 def test_both_graphs_pass_the_onnx_checker(onnx_dir):
-    for name in ("base.onnx", "head.onnx", "step.onnx"):
+    for name in ("base.onnx", "head.onnx", "head_k1.onnx", "step.onnx"):
         onnx.checker.check_model(str(onnx_dir / name), full_check=True)
         assert onnx.load(str(onnx_dir / name)).opset_import[0].version == 18
 
@@ -42,7 +42,8 @@ def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, backen
     for name, f in m["files"].items():
         assert (onnx_dir / name).stat().st_size == f["bytes"] and len(f["sha256"]) == 64
     dtypes = {"tensor(int64)": "int64", "tensor(float)": "float32"}
-    for graph, session in (("base", backend.base), ("head", backend.head), ("step", backend.step)):
+    for graph, session in (("base", backend.base), ("head", backend.session("head")), ("head_k2", backend.session("head_k2")),
+                           ("step", backend.step)):
         spec = m["graphs"][graph]
         for want, got in ((spec["inputs"], session.get_inputs()), (spec["outputs"], session.get_outputs())):
             assert [(s["name"], s["dtype"], len(s["shape"])) for s in want] == \

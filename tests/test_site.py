@@ -1,7 +1,7 @@
 """The static site in headless Chromium (Debian's, driven by Playwright), built and served by the fixtures.
 
 - the page's ids equal the Python torch reference (CONTRACT.md's exactness rule) on WebGPU and WASM,
-  plain and MTP, for validation prompts of both tasks;
+  plain, MTP and the independent drafter, for validation prompts of both tasks;
 - the page's tokenizer gives Python's ids for tricky text;
 - zero-copy on WebGPU is measured: every GPU read-back in the decode loop is hooked (GPUBuffer.mapAsync)
   and is one token-id output per run, and the head's inputs are the very GPU buffers the base produced;
@@ -18,13 +18,12 @@ import urllib.request
 
 import pytest
 
+from builder.browser import CHROMIUM_ARGS
 from builder.generate import compare_to_reference, decode_ar
 from builder.site import VENDOR, build, make_server
 from builder.tasks import encode_prompt, encode_text
-from tests.conftest import BASE_DIR, HEAD_DIR, ROOT
+from tests.conftest import BASE_DIR, DRAFTER_DIR, HEAD_DIR, ROOT
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--enable-unsafe-webgpu"]
 PROMPTS_PER_TASK = 8
 NEW_TOKENS = {"wasm": 32, "webgpu": 12}  # SwiftShader WebGPU is a CPU emulation: about 1 s a base run here
 K = 4
@@ -47,7 +46,7 @@ if (globalThis.GPUBuffer) {
 @pytest.fixture(scope="session")
 def site(onnx_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
-    build(BASE_DIR, HEAD_DIR, out, onnx_dir, note=lambda msg: None)
+    build(BASE_DIR, HEAD_DIR, DRAFTER_DIR, out, onnx_dir, note=lambda msg: None)
     return out
 
 
@@ -114,11 +113,13 @@ def prompts(validation_prompts):
 
 def test_build_copies_only_what_the_page_needs(site):
     manifest = json.loads((site / "models" / "manifest.json").read_text())
-    assert set(manifest["graphs"]) == {"base", "head"}
-    assert sorted(manifest["files"]) == ["base.onnx", "head.onnx"]
+    heads = list(manifest["head"]["by_k"].values())
+    assert heads == ["head_k1", "head_k2", "head_k3", "head_k4", "head_k5", "head"]
+    assert set(manifest["graphs"]) == {"base", "drafter", *heads}, "not the fused step graph: the page runs two a step"
+    assert sorted(manifest["files"]) == sorted(["base.onnx", "drafter.onnx", *(f"{h}.onnx" for h in heads)])
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
     expected = {"index.html", "app.mjs", "mtp.mjs", "style.css", "models/manifest.json", "models/tokenizer.json",
-                "models/base.onnx", "models/head.onnx", *VENDOR.values()}
+                *(f"models/{f}" for f in manifest["files"]), *VENDOR.values()}
     assert files == expected
     html = (site / "index.html").read_text()
     assert "http://" not in html and "https://" not in html and 'src="/' not in html, "paths must be relative"
@@ -139,7 +140,7 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer):
     for p in prompts:
         prompt_ids = encode_prompt(tokenizer, p["task"], p["prompt"])
         ref = decode_ar(base, prompt_ids, n_new, base.config.eos_token_id)
-        for mode in ("ar", "mtp"):
+        for mode in ("ar", "mtp", "drafter"):
             got = page.generate(prompt=p["prompt"], task=p["task"], mode=mode, k=K, maxNewTokens=n_new)
             assert got["promptIds"] == prompt_ids, f"{p['task']} {p['prompt']!r}: the page encodes the prompt differently"
             assert got["backend"] == backend
@@ -151,9 +152,9 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer):
             elif verdict == "equal":
                 assert got["text"] == tokenizer.decode(ref.ids, skip_special_tokens=True)
                 assert got["steps"] == (len(ref.ids) if mode == "ar" else len(got["accepted"]))
-                if mode == "mtp":  # a step decides accepted + 1 tokens; the last may stop early (EOS, limit)
+                if mode != "ar":  # a step decides accepted + 1 tokens; the last may stop early (EOS, limit)
                     assert sum(got["accepted"][:-1]) + got["steps"] - 1 < len(ref.ids) <= sum(got["accepted"]) + got["steps"]
-    print(f"\n{backend}: {len(prompts)} prompts x (ar, mtp k={K}), {n_new} tokens: {counts}")
+    print(f"\n{backend}: {len(prompts)} prompts x (ar, mtp k={K}, drafter k={K}), {n_new} tokens: {counts}")
     assert not failures, "\n".join(failures)
 
 
@@ -185,7 +186,7 @@ def test_webgpu_decode_reads_back_only_token_ids_and_feeds_the_head_the_bases_gp
     finally:
         p.close()
     trace = got["trace"]
-    assert [r["graph"] for r in trace[:3]] == ["base", "head", "base"], "prefill, then head drafts, base verifies"
+    assert [r["graph"] for r in trace[:3]] == ["base", f"head_k{K}", "base"], "prefill, then head drafts, base verifies"
     # 1. GPU read-backs: exactly one per run, each no bigger than that run's int64 token-id output
     id_outputs = [[t for t in r["outputs"].values() if t["location"] == "cpu"] for r in trace]
     assert all(len(outs) == 1 and outs[0]["dtype"] == "int64" for outs in id_outputs), "only token ids on the CPU"
@@ -197,7 +198,7 @@ def test_webgpu_decode_reads_back_only_token_ids_and_feeds_the_head_the_bases_gp
     for i, run in enumerate(trace):
         floats = [t for t in run["inputs"].values() if t["dtype"] == "float32" and t["dims"][1] > 0]
         assert all(t["location"] == "gpu-buffer" for t in floats), f"run {i} got a float input from the CPU"
-        if run["graph"] == "head":
+        if run["graph"].startswith("head"):
             base_out = trace[i - 1]["outputs"]
             assert trace[i - 1]["graph"] == "base"
             assert run["inputs"]["hidden"]["buffer"] == base_out["hidden"]["buffer"]
@@ -218,15 +219,15 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
         assert page.locator(".example-list:visible").count() == 1, "only the chosen task's examples show"
         page.locator(".example-list:visible .example").first.click()
         page.get_by_role("button", name="Generate").click()
-        page.wait_for_function("document.getElementById('stop-reason').textContent !== ''", timeout=60_000)
+        page.wait_for_selector("#stop-reason:not(:empty)", timeout=60_000)  # a selector: the page's CSP forbids eval
         assert page.locator("#output").inner_text().strip(), "no text appeared"
         assert page.locator("#output .tok.drafted").count() > 0, "no accepted draft is highlighted"
         assert float(page.locator("#tps").inner_text()) > 0
         assert float(page.locator("#tau").inner_text()) > 1
         assert page.locator("#bars .bar").count() == 4
         assert page.evaluate("document.documentElement.scrollWidth") <= 360, "the page scrolls sideways on a phone"
-        page.get_by_role("button", name="Compare plain vs MTP").click()
-        page.wait_for_function("document.getElementById('comparison-verdict').textContent !== ''", timeout=60_000)
+        page.get_by_role("button", name="Compare plain, MTP, drafter").click()
+        page.wait_for_selector("#comparison-verdict:not(:empty)", timeout=120_000)
         assert page.locator("#comparison-verdict").inner_text().startswith("Identical text")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "phone.png"), full_page=True)
@@ -249,9 +250,9 @@ def test_without_webgpu_the_page_falls_back_to_wasm_and_says_so(browser, url):
 def test_an_altered_model_file_is_a_clear_error_naming_it(browser, site, tmp_path):
     altered = tmp_path / "site"
     shutil.copytree(site, altered)
-    data = bytearray((altered / "models" / "head.onnx").read_bytes())
+    data = bytearray((altered / "models" / f"head_k{K}.onnx").read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (altered / "models" / "head.onnx").write_bytes(bytes(data))
+    (altered / "models" / f"head_k{K}.onnx").write_bytes(bytes(data))
     server = make_server(altered, 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -259,7 +260,7 @@ def test_an_altered_model_file_is_a_clear_error_naming_it(browser, site, tmp_pat
         page = context.new_page()
         page.goto(f"http://127.0.0.1:{server.server_address[1]}/?backend=wasm")
         error = page.evaluate("window.frozenMTP.ready.then(() => 'loaded', (e) => e.message)")
-        assert "head.onnx" in error and "altered" in error, error
+        assert f"head_k{K}.onnx" in error and "altered" in error, error
         assert page.locator("#message").inner_text() == error, "the page shows the error"
         assert page.get_by_role("button", name="Generate").is_disabled()
         context.close()

@@ -6,7 +6,7 @@ import { PageError, Runtime, chooseBackend } from './mtp.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const MODES = { ar: 'plain', mtp: 'MTP' };
+const MODES = { ar: 'plain', mtp: 'MTP', drafter: 'drafter' };
 
 function showError(e) {
   const box = $('message');
@@ -30,10 +30,12 @@ const ready = (async () => {
   $('adapter').textContent = choice.adapter ? `${choice.note}: ${choice.adapter}` : choice.note;
   const runtime = await Runtime.load(new URL('models/', location.href), {
     backend: choice.backend,
+    open: (manifest) => ['base', manifest.head.by_k[$('k').value]],  // the rest open when first used
     onProgress(loaded, total, file) {
+      $('progress').hidden = loaded >= total;
       $('progress').max = total;
       $('progress').value = loaded;
-      $('progress-text').textContent = `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
+      $('progress-text').textContent = loaded >= total ? '' : `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
     },
   });
   const loadMs = performance.now();  // since the page started to load
@@ -61,19 +63,18 @@ let controller = null;
 function generate({ prompt, task = 'continue', mode = 'mtp', k = 4, maxNewTokens = 32, trace = false, onStep, signal } = {}) {
   const job = chain.then(async () => {
     const { runtime } = await ready;
-    if (!(mode in MODES)) {
-      throw new PageError(mode === 'drafter' ? 'the independent drafter is not shipped yet: choose mtp or ar'
-        : `unknown mode "${mode}": choose mtp or ar`);
-    }
-    if (mode === 'mtp' && !(Number.isInteger(k) && k >= 1 && k <= runtime.kMax)) {
+    if (!(mode in MODES)) throw new PageError(`unknown mode "${mode}": choose ar, mtp or drafter`);
+    if (mode !== 'ar' && !(Number.isInteger(k) && k >= 1 && k <= runtime.kMax)) {
       throw new PageError(`k must be a whole number from 1 to ${runtime.kMax}, got ${k}`);
     }
     const promptIds = runtime.encodePrompt(task, prompt);
+    // open (download) the graphs this mode needs before the clock starts
+    await runtime.openAll(mode === 'ar' ? ['base'] : ['base', mode === 'drafter' ? 'drafter' : runtime.headGraph(k)]);
     runtime.trace = trace ? [] : null;
     const t0 = performance.now();
     let firstTokenMs = null;
     const out = await runtime.decode(promptIds, {
-      maxNewTokens, k: mode === 'ar' ? 0 : k, signal,
+      maxNewTokens, k: mode === 'ar' ? 0 : k, source: mode === 'drafter' ? 'drafter' : 'head', signal,
       onStep(decided, sofar) {
         firstTokenMs ??= performance.now() - t0;
         onStep?.(decided, sofar, performance.now() - t0);
@@ -212,11 +213,11 @@ async function onCompare() {
   rows.replaceChildren();
   try {
     const results = [];
-    for (const mode of ['ar', 'mtp']) {
+    for (const mode of ['ar', 'mtp', 'drafter']) {
       const r = await runOnPage(mode);
       results.push(r);
       const tr = document.createElement('tr');
-      for (const cell of [MODES[mode] + (mode === 'mtp' ? ` k=${r.k}` : ''), (r.ids.length / (r.ms / 1000)).toFixed(1),
+      for (const cell of [MODES[mode] + (mode !== 'ar' ? ` k=${r.k}` : ''), (r.ids.length / (r.ms / 1000)).toFixed(1),
         String(r.steps), String(Math.round(r.ms))]) {
         const td = document.createElement('td');
         td.textContent = cell;
@@ -224,13 +225,14 @@ async function onCompare() {
       }
       rows.append(tr);
     }
-    const [plain, mtp] = results;
-    const first = plain.ids.findIndex((id, i) => id !== mtp.ids[i]);
-    const same = first === -1 && plain.ids.length === mtp.ids.length;
-    const speedup = (mtp.ids.length / mtp.ms) / (plain.ids.length / plain.ms);
+    const [plain, mtp, drafter] = results;
+    const speed = (r) => r.ids.length / r.ms;
+    const differs = results.slice(1).find((r) => r.ids.length !== plain.ids.length || r.ids.some((id, i) => id !== plain.ids[i]));
+    const same = !differs;
     $('comparison-verdict').textContent = same
-      ? `Identical text, ${plain.ids.length} tokens; MTP ran at ${speedup.toFixed(2)}x the plain speed.`
-      : `The texts differ at token ${first === -1 ? Math.min(plain.ids.length, mtp.ids.length) : first}: please report this.`;
+      ? `Identical text, ${plain.ids.length} tokens. MTP ran at ${(speed(mtp) / speed(plain)).toFixed(2)}x the plain ` +
+        `speed, the independent drafter at ${(speed(drafter) / speed(plain)).toFixed(2)}x.`
+      : `The ${MODES[differs.mode]} text differs from the plain one: please report this.`;
     $('comparison-verdict').className = same ? 'same' : 'differ';
   } catch (e) {
     showError(e);

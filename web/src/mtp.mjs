@@ -94,11 +94,13 @@ function describe(t, bufferId) {
  * Create with `Runtime.load`; `decode` runs one generation.
  */
 export class Runtime {
-  constructor(manifest, tokenizer, sessions, backend) {
+  constructor(manifest, tokenizer, modelsUrl, backend, onProgress) {
     this.manifest = manifest;
     this.tokenizer = tokenizer;
-    this.sessions = sessions;        // {base, head}
+    this.modelsUrl = modelsUrl;
     this.backend = backend;          // 'webgpu' | 'wasm'
+    this.onProgress = onProgress;
+    this.sessions = {};              // graph name -> Promise of its session, opened on first use
     this.context = manifest.context_length;
     this.kMax = manifest.head.k;
     this.eos = manifest.eos_token_id;
@@ -109,6 +111,9 @@ export class Runtime {
     this.presentToPast = Object.fromEntries(kv.present_outputs.map((p, i) => [p, kv.past_inputs[i]]));
     // head input -> the cache entry (past name) it reads: the base's present of the head's KV layer
     this.headKv = Object.fromEntries(Object.entries(manifest.head.kv_inputs).map(([inp, out]) => [inp, this.presentToPast[out]]));
+    const dk = manifest.drafter?.kv;
+    this.drafterPresentToPast = dk ? Object.fromEntries(dk.present_outputs.map((p, i) => [p, dk.past_inputs[i]])) : null;
+    this.drafterState = null;        // the independent drafter's own cache: {ids, cache, owners}
     this.queue = Promise.resolve();  // every session.run goes through this one chain
     this.trace = null;               // set to [] to record every run's inputs and outputs
     this.bufferIds = new WeakMap();
@@ -116,44 +121,62 @@ export class Runtime {
   }
 
   /**
-   * Downloads (with progress), checks and opens everything under `base` (the models/ folder's URL).
-   * @param {string} base
-   * @param {{backend: string, onProgress?: (loaded: number, total: number, file: string) => void}} options
+   * Reads the manifest and the tokenizer under `modelsUrl` (the models/ folder's URL), then opens the
+   * graphs named in `open` (the rest open when first used).
+   * @param {string} modelsUrl
+   * @param {{backend: string, open: (manifest) => string[], onProgress?: (loaded: number, total: number, file: string) => void}} options
    */
-  static async load(base, { backend, onProgress }) {
-    const manifestUrl = new URL('manifest.json', base);
+  static async load(modelsUrl, { backend, open, onProgress }) {
+    const manifestUrl = new URL('manifest.json', modelsUrl);
     const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl, {})));
     if (manifest.format !== 'frozen-mtp-onnx/1') {
       throw new PageError(`${manifestUrl} is not a frozen-mtp-onnx/1 manifest (format ${manifest.format})`);
     }
-    const tokenizerBytes = await fetchBytes(new URL(manifest.tokenizer, base), {});
-    const total = Object.values(manifest.files).reduce((s, f) => s + f.bytes, 0);
-    let loaded = 0;
-    const sessions = {};
-    for (const [name, graph] of Object.entries(manifest.graphs)) {  // one at a time (DESIGN.md)
-      const info = manifest.files[graph.file];
-      const url = new URL(graph.file, base);
-      const data = await fetchBytes(url, { ...info, onBytes: (n) => { loaded += n; onProgress?.(loaded, total, graph.file); } });
-      const preferredOutputLocation = {};
-      for (const out of graph.outputs) {
-        // only token ids come back: every float output stays where it was computed
-        preferredOutputLocation[out.name] = backend === 'webgpu' && out.dtype !== 'int64' ? 'gpu-buffer' : 'cpu';
-      }
-      try {
-        sessions[name] = await ort.InferenceSession.create(data, {
-          executionProviders: [backend],
-          graphOptimizationLevel: 'all',
-          ...(backend === 'webgpu' ? { preferredOutputLocation } : {}),
-        });
-      } catch (e) {
-        throw new PageError(`could not open ${graph.file} on ${backend}: ${e.message}`);
-      }
-    }
-    const json = JSON.parse(new TextDecoder().decode(tokenizerBytes));
+    const json = JSON.parse(new TextDecoder().decode(await fetchBytes(new URL(manifest.tokenizer, modelsUrl), {})));
     // Special tokens are encoded by id, never parsed out of the user's text (builder/tasks.py): the JS
     // tokenizer gets no added tokens, so "<|fix|>" typed by a user stays text.
     const tokenizer = new Tokenizer({ ...json, added_tokens: [] }, {});
-    return new Runtime(manifest, tokenizer, sessions, backend);
+    const runtime = new Runtime(manifest, tokenizer, modelsUrl, backend, onProgress);
+    await runtime.openAll(open(manifest));
+    return runtime;
+  }
+
+  /** The head graph that drafts exactly k tokens. */
+  headGraph(k) {
+    return this.manifest.head.by_k[String(k)];
+  }
+
+  /** Opens graphs one at a time (DESIGN.md), with one progress bar over their files. */
+  async openAll(names) {
+    const todo = names.filter((n) => !this.sessions[n]);
+    const total = todo.reduce((s, n) => s + this.manifest.files[this.manifest.graphs[n].file].bytes, 0);
+    let loaded = 0;
+    for (const name of todo) {
+      this.sessions[name] = this.create(name, (n, file) => { loaded += n; this.onProgress?.(loaded, total, file); });
+      await this.sessions[name];
+    }
+  }
+
+  /** Downloads a graph with progress, checks it against the manifest's sha256, creates its session. */
+  async create(name, onBytes) {
+    const graph = this.manifest.graphs[name];
+    if (!graph) throw new PageError(`the manifest has no graph "${name}"`);
+    const info = this.manifest.files[graph.file];
+    const data = await fetchBytes(new URL(graph.file, this.modelsUrl), { ...info, onBytes: (n) => onBytes(n, graph.file) });
+    const preferredOutputLocation = {};
+    for (const out of graph.outputs) {
+      // only token ids come back: every float output stays where it was computed
+      preferredOutputLocation[out.name] = this.backend === 'webgpu' && out.dtype !== 'int64' ? 'gpu-buffer' : 'cpu';
+    }
+    try {
+      return await ort.InferenceSession.create(data, {
+        executionProviders: [this.backend],
+        graphOptimizationLevel: 'all',
+        ...(this.backend === 'webgpu' ? { preferredOutputLocation } : {}),
+      });
+    } catch (e) {
+      throw new PageError(`could not open ${graph.file} on ${this.backend}: ${e.message}`);
+    }
   }
 
   /** The ids of plain text (no special tokens recognised in it). */
@@ -188,8 +211,9 @@ export class Runtime {
 
   /** Runs a graph through the one promise chain; a failure names every input. */
   run(graph, feeds) {
-    const session = this.sessions[graph];
     const result = this.queue.then(async () => {
+      if (!this.sessions[graph]) await this.openAll([graph]);
+      const session = await this.sessions[graph];
       let outputs;
       try {
         outputs = await session.run(feeds);
@@ -212,12 +236,12 @@ export class Runtime {
     return result;
   }
 
-  /** A view of the first n positions of a KV tensor: same buffer, no copy. */
+  /** A view of the first n positions of a KV tensor (1, S, n_kv, head_dim): same buffer, no copy. */
   prefix(t, n) {
-    const dims = [1, n, ...this.kvDims];
+    const dims = [1, n, ...t.dims.slice(2)];
     if (t.dims[1] === n) return t;
     if (t.location === 'gpu-buffer') return ort.Tensor.fromGpuBuffer(t.gpuBuffer, { dataType: t.type, dims });
-    return new ort.Tensor(t.type, t.data.subarray(0, n * this.kvDims[0] * this.kvDims[1]), dims);
+    return new ort.Tensor(t.type, t.data.subarray(0, n * t.dims[2] * t.dims[3]), dims);
   }
 
   /** Runs the base on ids after the state's cache; returns the choices and a state owning the new tensors. */
@@ -245,16 +269,58 @@ export class Runtime {
     return { ...state, cache, fed: nFed };
   }
 
-  /** The head's k drafts after the state's anchor (its last kept position), `token` decided there. */
-  async draft(state, token, k) {
+  /**
+   * The head's k drafts after the state's anchor (its last kept position), `token` decided there, from
+   * the head graph of kGraph >= k drafts (the user's k: near the end of a generation fewer are needed,
+   * and the longer chain's first k are the same drafts, without opening another graph).
+   */
+  async draft(state, token, k, kGraph = k) {
     const feeds = {
       hidden: state.hidden,  // the base's hidden output as it is; the anchor indexes it
       anchor: new ort.Tensor('int64', BigInt64Array.from([BigInt(state.fed - 1)]), [1]),
       token: new ort.Tensor('int64', BigInt64Array.from([BigInt(token)]), [1, 1]),
     };
     for (const [input, past] of Object.entries(this.headKv)) feeds[input] = state.cache[past];
-    const out = await this.run('head', feeds);
+    const out = await this.run(this.headGraph(kGraph), feeds);
     return Array.from(out.drafts.data.subarray(0, k), Number);
+  }
+
+  /**
+   * The independent drafter's k greedy drafts after context (the sequence so far; its last token is
+   * decided but not yet read). Like builder/drafter.py: it keeps its own cache of the longest prefix of
+   * the context it has read, reads the tokens decided since, then one run per draft.
+   */
+  async drafterDraft(context, k) {
+    const d = this.drafterState || { ids: [], cache: null, owners: [] };
+    let keep = 0;
+    const limit = Math.min(d.ids.length, context.length - 1);
+    while (keep < limit && d.ids[keep] === context[keep]) keep += 1;
+    const kv = this.manifest.drafter.kv;
+    let cache = {};
+    if (keep) {
+      for (const [name, t] of Object.entries(d.cache)) cache[name] = this.prefix(t, keep);
+    } else {
+      const empty = new ort.Tensor('float32', new Float32Array(0), [1, 0, ...kv.shape.slice(2)]);
+      for (const name of kv.past_inputs) cache[name] = empty;
+    }
+    let { owners } = d;
+    let ids = context.slice(0, keep);
+    let feed = context.slice(keep);
+    const drafts = [];
+    for (let i = 0; i < k; i += 1) {
+      const out = await this.run('drafter', { input_ids: new ort.Tensor('int64', BigInt64Array.from(feed, BigInt), [1, feed.length]), ...cache });
+      out.margins.dispose();
+      out.hidden.dispose();
+      this.release({ owners });  // the new cache replaces the old one
+      cache = {};
+      for (const [present, past] of Object.entries(this.drafterPresentToPast)) cache[past] = out[present];
+      owners = Object.values(cache);
+      ids = ids.concat(feed);
+      feed = [Number(out.choices.data[out.choices.data.length - 1])];
+      drafts.push(feed[0]);
+    }
+    this.drafterState = { ids, cache, owners };  // the last draft is not read: the next context decides it
+    return drafts;
   }
 
   /** Disposes the GPU tensors a state owns (no-op for CPU tensors). */
@@ -263,14 +329,16 @@ export class Runtime {
   }
 
   /**
-   * Greedy decoding; with k > 0 the head drafts k tokens a step and the base verifies them.
+   * Greedy decoding; with k > 0 a draft source ('head': the MTP head, 'drafter': the independent drafter)
+   * drafts k tokens a step and the base verifies them.
    * @param {number[]} promptIds
-   * @param {{maxNewTokens: number, k: number, onStep?: Function, signal?: AbortSignal}} options
+   * @param {{maxNewTokens: number, k: number, source?: string, onStep?: Function, signal?: AbortSignal}} options
    * @returns {Promise<{ids: number[], steps: number, accepted: number[], stopped: string}>}
    */
-  async decode(promptIds, { maxNewTokens, k, onStep, signal }) {
+  async decode(promptIds, { maxNewTokens, k, source = 'head', onStep, signal }) {
     checkRoom(promptIds, maxNewTokens, this.context);
     if (k < 0 || k > this.kMax) throw new PageError(`k must be between 0 and ${this.kMax}, got ${k}`);
+    if (k && source === 'drafter' && !this.manifest.graphs.drafter) throw new PageError('this site has no drafter model');
     const out = { ids: [], steps: 0, accepted: [], stopped: 'max-new-tokens' };
     let { state } = await this.prefill(promptIds.slice(0, -1));
     let token = promptIds[promptIds.length - 1];
@@ -279,7 +347,11 @@ export class Runtime {
         if (signal?.aborted) { out.stopped = 'stopped'; return out; }
         // never draft past maxNewTokens: that also keeps every fed position inside the context
         const kStep = Math.min(k, maxNewTokens - out.ids.length - 1);
-        const drafts = kStep > 0 ? await this.draft(state, token, kStep) : [];
+        let drafts = [];
+        if (kStep > 0) {
+          drafts = source === 'drafter' ? await this.drafterDraft(promptIds.concat(out.ids), kStep)
+            : await this.draft(state, token, kStep, k);
+        }
         const verified = await this.base(state, [token, ...drafts]);
         this.release(state);  // the new tensors replace the old ones
         state = verified.state;
@@ -302,6 +374,8 @@ export class Runtime {
       }
     } finally {
       this.release(state);
+      this.release(this.drafterState);
+      this.drafterState = null;
     }
   }
 }

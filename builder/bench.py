@@ -1,0 +1,203 @@
+"""`bench`: plain vs MTP vs the independent drafter, side by side, in one run.
+
+Runtimes: `torch` (the PyTorch modules), `onnx-cpu` (the exported graphs with onnxruntime, one thread),
+`browser-wasm` and `browser-webgpu` (the built site in headless Chromium, through window.frozenMTP).
+For every runtime: a warm-up, then `repeats` rounds; each round runs every (task, mode, k) over the same
+validation prompts, interleaved, so that drift in the machine's speed touches every mode alike.
+tokens/s = new tokens / decode seconds over all prompts of a round; the table gives the median round
+and the spread (min-max) over rounds. Every output is checked against the torch reference with
+CONTRACT.md's exactness rule and the mismatches counted.
+
+SwiftShader (the CI's WebGPU) emulates a GPU on the CPU at about 1 s a base run, so browser-webgpu runs
+fewer prompts, tokens and k by default: it shows the page works on WebGPU, not GPU speed.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-webgpu")
+TASKS = ("continue", "proofread")
+
+
+@dataclass
+class Plan:
+    prompts: int        # validation prompts per task
+    new_tokens: int
+    ks: tuple[int, ...]
+    repeats: int
+
+
+@dataclass
+class BenchConfig:
+    runtimes: tuple[str, ...] = RUNTIMES
+    plans: dict[str, Plan] = field(default_factory=lambda: {
+        "torch": Plan(10, 48, (1, 2, 3, 4, 5, 6), 3),
+        "onnx-cpu": Plan(10, 48, (1, 2, 3, 4, 5, 6), 3),
+        "browser-wasm": Plan(10, 48, (1, 2, 3, 4, 5, 6), 3),
+        "browser-webgpu": Plan(2, 16, (4,), 1),
+    })
+
+
+def modes(ks) -> list[tuple[str, int]]:
+    return [("ar", 0)] + [("mtp", k) for k in ks] + [("drafter", k) for k in ks]
+
+
+# --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds) ------------------
+
+def python_runner(runtime: str, base_dir: Path, head_dir: Path, drafter_dir: Path, onnx_dir: Path):
+    from .drafter import torch_drafter
+    from .export import load_drafter
+    from .generate import TorchBackend, decode
+    from .model import load_llama
+    from .mtp import load_head
+
+    base = load_llama(base_dir)
+    eos = base.config.eos_token_id
+    if runtime == "torch":
+        head, drafter = load_head(head_dir, base), load_drafter(drafter_dir, base)
+        backends = {"ar": lambda: TorchBackend(base), "mtp": lambda: TorchBackend(base, head=head),
+                    "drafter": lambda: TorchBackend(base, drafter=torch_drafter(drafter))}
+    else:
+        from .export import export, is_export_of
+        from .onnx_backend import OnnxBackend
+
+        if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
+            export(base_dir, head_dir, onnx_dir, drafter_dir=drafter_dir)
+        made = {"ar": OnnxBackend(onnx_dir), "mtp": OnnxBackend(onnx_dir, with_head=True),
+                "drafter": OnnxBackend(onnx_dir, with_drafter=True)}
+        backends = {mode: (lambda b=b: b) for mode, b in made.items()}
+
+    def run(prompt_ids, text, task, mode, k, n):
+        backend = backends[mode]()  # a fresh drafter state per decode, as the page has
+        t0 = time.perf_counter()
+        out = decode(backend, prompt_ids, n, eos, k)
+        return out.ids, out.steps, out.accepted, time.perf_counter() - t0
+
+    return run
+
+
+def browser_runner(page):
+    def run(prompt_ids, text, task, mode, k, n):
+        r = page.evaluate("(o) => window.frozenMTP.generate(o)",
+                          {"prompt": text, "task": task, "mode": mode, "k": max(k, 1), "maxNewTokens": n})
+        if r["promptIds"] != prompt_ids:
+            raise RuntimeError(f"the page encodes {text!r} differently from Python")
+        return r["ids"], r["steps"], r["accepted"], r["ms"] / 1000
+
+    return run
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+
+def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> list[dict]:
+    from .generate import compare_to_reference
+
+    items = {task: prompts[task][: plan.prompts] for task in TASKS}
+    for task in TASKS:  # warm-up: every mode once, so no round pays for first-run compilation
+        for mode, k in modes(plan.ks):
+            ids, text = items[task][0]
+            run(ids, text, task, mode, k, 8)
+    rounds = {}  # (task, mode, k) -> what every round measured
+    for rep in range(plan.repeats):
+        for task in TASKS:
+            for mode, k in modes(plan.ks):
+                r = rounds.setdefault((task, mode, k), {"tps": [], "tokens": 0, "steps": 0, "accepted": [],
+                                                        "mismatches": 0, "near_ties": 0})
+                tokens, seconds = 0, 0.0
+                for ids, text in items[task]:
+                    out, steps, accepted, s = run(ids, text, task, mode, k, plan.new_tokens)
+                    verdict, _ = compare_to_reference(refs[(task, text, plan.new_tokens)], out)
+                    r["mismatches"] += verdict == "mismatch"
+                    r["near_ties"] += verdict == "near-tie"
+                    r["steps"] += steps
+                    r["accepted"] += accepted
+                    tokens, seconds = tokens + len(out), seconds + s
+                r["tokens"] += tokens
+                r["tps"].append(tokens / seconds)
+            log(f"{runtime} round {rep + 1}/{plan.repeats} {task}: " + ", ".join(
+                f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)) + " tokens/s")
+    results = []
+    for (task, mode, k), r in rounds.items():
+        acc = r["accepted"]
+        ar = statistics.median(rounds[(task, "ar", 0)]["tps"])
+        tps = statistics.median(r["tps"])
+        tau = sum(a + 1 for a in acc) / len(acc) if acc else 1.0  # CONTRACT.md: mean over steps of accepted + 1
+        results.append({"runtime": runtime, "task": task, "mode": mode, "k": k, "prompts": plan.prompts,
+                        "new_tokens": plan.new_tokens, "tokens_per_s": round(tps, 2),
+                        "tokens_per_s_rounds": [round(x, 2) for x in r["tps"]],
+                        "tau": round(tau, 3), "accept_by_position": [round(sum(a >= i for a in acc) / len(acc), 3)
+                                                                    for i in range(1, k + 1)] if acc else [],
+                        "speedup_vs_ar": round(tps / ar, 3), "speedup_per_tau": round(tps / ar / tau, 3),
+                        "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
+    return results
+
+
+def memory(base_dir: Path, head_dir: Path, drafter_dir: Path) -> dict:
+    from .export import load_drafter
+    from .model import load_llama
+    from .mtp import load_head
+
+    base = load_llama(base_dir)
+    head, drafter = load_head(head_dir, base), load_drafter(drafter_dir, base)
+    weights = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731 (tied counted once)
+    kv = lambda c: 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # noqa: E731 fp32 K and V
+    hc = head.config
+    return {"base_weights_bytes": weights(base), "mtp_weights_bytes": weights(head),
+            "drafter_weights_bytes": weights(drafter),
+            "kv_bytes_per_token_base": kv(base.config), "kv_bytes_per_token_drafter": kv(drafter.config),
+            # the head keeps no cache of the sequence: only its own chain's keys and values during one step
+            "mtp_extra_state_bytes": 2 * hc.k_train * hc.num_key_value_heads * hc.head_dim * 4,
+            "context_length": base.config.max_position_embeddings}
+
+
+def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, onnx_dir: Path, site_dir: Path,
+          log=print) -> dict:
+    from .corpus import load_corpus, validation_prompts
+    from .generate import decode_ar
+    from .model import load_llama
+    from .tasks import encode_prompt, load_tokenizer
+
+    tok, base = load_tokenizer(base_dir), load_llama(base_dir)
+    corpus_prompts = validation_prompts(load_corpus(), max(p.prompts for p in cfg.plans.values()))
+    prompts = {t: [(encode_prompt(tok, t, p["prompt"]), p["prompt"]) for p in corpus_prompts if p["task"] == t]
+               for t in TASKS}
+    refs = {}
+    for plan in {cfg.plans[r].new_tokens: cfg.plans[r] for r in cfg.runtimes}.values():
+        for t in TASKS:
+            for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in cfg.runtimes)]:
+                refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
+    results = []
+    for runtime in cfg.runtimes:
+        if not runtime.startswith("browser-"):
+            run = python_runner(runtime, base_dir, head_dir, drafter_dir, onnx_dir)
+            results += measure(runtime, run, prompts, refs, cfg.plans[runtime], log)
+    browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
+    if browsers:
+        from .browser import chromium, served
+        from .site import build
+
+        build(base_dir, head_dir, drafter_dir, site_dir, onnx_dir, note=log)
+        with served(site_dir) as url, chromium() as browser:
+            for runtime in browsers:
+                context = browser.new_context()
+                page = context.new_page()
+                page.goto(url + f"?backend={runtime.removeprefix('browser-')}")
+                info = page.evaluate("window.frozenMTP.ready")
+                log(f"{runtime}: {info['note']} {info.get('adapter') or ''}")
+                results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
+                context.close()
+    return {"results": results, "memory": memory(base_dir, head_dir, drafter_dir),
+            "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine()}
+
+
+def machine() -> dict:
+    import os
+    import platform
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu": cpu, "cores": os.cpu_count(), "system": platform.platform(), "date": time.strftime("%Y-%m-%d")}

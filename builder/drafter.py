@@ -1,0 +1,45 @@
+"""The independent drafter as a draft source: a small language model of its own that reads only tokens.
+
+Unlike the MTP head it keeps its own KV cache over the whole sequence and must prefill the prompt. It
+keeps the cache of the longest prefix of the context it has already read (accepted drafts included), so
+each step it reads only the tokens decided since, then drafts greedily, one token per forward pass.
+The model is run through two functions, so the same logic serves PyTorch and ONNX:
+    forward(ids, cache) -> (greedy token after the last id, new cache)    cache None: nothing read yet
+    trim(cache, n) -> the cache of the first n positions (a prefix view)
+"""
+from __future__ import annotations
+
+import torch
+
+from .model import Llama
+
+
+class IndependentDrafter:
+    def __init__(self, forward, trim):
+        self.forward, self.trim = forward, trim
+        self.ids: list[int] = []  # the tokens whose keys and values are in self.cache, in order
+        self.cache = None
+
+    def draft(self, context: list[int], k: int) -> list[int]:
+        """k greedy drafts after context (the sequence so far, its last token decided but not yet read)."""
+        keep = 0
+        while keep < min(len(self.ids), len(context) - 1) and self.ids[keep] == context[keep]:
+            keep += 1
+        cache = self.trim(self.cache, keep) if keep else None
+        ids, feed, drafts = context[:keep], context[keep:], []
+        for _ in range(k):
+            token, cache = self.forward(feed, cache)
+            ids = ids + feed
+            feed = [token]
+            drafts.append(token)
+        self.ids, self.cache = ids, cache  # the last draft is not read: the next context decides it
+        return drafts
+
+
+def torch_drafter(model: Llama) -> IndependentDrafter:
+    @torch.no_grad()
+    def forward(ids, cache):
+        logits, _, cache = model(torch.tensor([ids]), cache)
+        return int(logits[0, -1].argmax()), cache
+
+    return IndependentDrafter(forward, lambda cache, n: [(k[:, :n], v[:, :n]) for k, v in cache])

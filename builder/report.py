@@ -1,0 +1,149 @@
+"""The benchmark's report, written next to its JSON: a markdown table and three PNG plots."""
+from __future__ import annotations
+
+from pathlib import Path
+
+MODE_NAMES = {"ar": "plain", "mtp": "MTP", "drafter": "drafter"}
+
+
+def best(results: list[dict], runtime: str, task: str, mode: str) -> dict | None:
+    rows = [r for r in results if (r["runtime"], r["task"], r["mode"]) == (runtime, task, mode)]
+    return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
+
+
+def spread(r: dict) -> str:
+    lo, hi = min(r["tokens_per_s_rounds"]), max(r["tokens_per_s_rounds"])
+    return f"{r['tokens_per_s']:.1f}" + (f" ({lo:.1f}-{hi:.1f})" if len(r["tokens_per_s_rounds"]) > 1 else "")
+
+
+def summary_table(data: dict) -> str:
+    """Per runtime and task: plain, MTP and drafter at their best k."""
+    results = data["results"]
+    lines = ["| runtime | task | plain tokens/s | MTP tokens/s (best k) | MTP / plain | tau | speedup / tau "
+             "| drafter tokens/s (best k) | drafter / plain | MTP / drafter |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for runtime in dict.fromkeys(r["runtime"] for r in results):
+        for task in dict.fromkeys(r["task"] for r in results):
+            ar, mtp, dr = (best(results, runtime, task, m) for m in ("ar", "mtp", "drafter"))
+            if not (ar and mtp and dr):
+                continue
+            lines.append(f"| {runtime} | {task} | {spread(ar)} | {spread(mtp)} k={mtp['k']} | {mtp['speedup_vs_ar']:.2f}x "
+                         f"| {mtp['tau']:.2f} | {mtp['speedup_per_tau']:.2f} | {spread(dr)} k={dr['k']} "
+                         f"| {dr['speedup_vs_ar']:.2f}x | {mtp['tokens_per_s'] / dr['tokens_per_s']:.2f}x |")
+    return "\n".join(lines)
+
+
+def full_table(data: dict) -> str:
+    lines = ["| runtime | task | mode | k | tokens/s median (min-max) | vs plain | tau | speedup / tau "
+             "| acceptance by position | mismatches | near-ties |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in data["results"]:
+        acc = " ".join(f"{a:.2f}" for a in r["accept_by_position"]) or "-"
+        lines.append(f"| {r['runtime']} | {r['task']} | {MODE_NAMES[r['mode']]} | {r['k'] or '-'} | {spread(r)} "
+                     f"| {r['speedup_vs_ar']:.2f}x | {r['tau']:.2f} | {r['speedup_per_tau']:.2f} | {acc} "
+                     f"| {r['mismatches']} | {r['near_ties']} |")
+    return "\n".join(lines)
+
+
+def memory_table(mem: dict) -> str:
+    ctx = mem["context_length"]
+    rows = [("weights", mem["base_weights_bytes"], mem["mtp_weights_bytes"], mem["drafter_weights_bytes"]),
+            ("KV cache per token", mem["kv_bytes_per_token_base"], 0, mem["kv_bytes_per_token_drafter"]),
+            (f"KV cache, full context ({ctx} tokens)", mem["kv_bytes_per_token_base"] * ctx, 0,
+             mem["kv_bytes_per_token_drafter"] * ctx),
+            ("other state while drafting", 0, mem["mtp_extra_state_bytes"], 0)]
+    lines = ["| bytes | base | MTP head (adds) | independent drafter (adds) |", "| --- | --- | --- | --- |"]
+    lines += [f"| {name} | {b:,} | {h:,} | {d:,} |" for name, b, h, d in rows]
+    added_mtp = mem["mtp_weights_bytes"] + mem["mtp_extra_state_bytes"]
+    added_dr = mem["drafter_weights_bytes"] + mem["kv_bytes_per_token_drafter"] * ctx
+    lines.append(f"| **added to the base, full context** | | **{added_mtp:,}** | **{added_dr:,}** |")
+    return "\n".join(lines)
+
+
+def plots(data: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = data["results"]
+    runtimes = list(dict.fromkeys(r["runtime"] for r in results))
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    files = []
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        width = 0.27
+        for i, mode in enumerate(("ar", "mtp", "drafter")):
+            vals = [(best(results, rt, task, mode) or {}).get("tokens_per_s", 0) for rt in runtimes]
+            ax.bar([x + (i - 1) * width for x in range(len(runtimes))], vals, width, label=MODE_NAMES[mode])
+        ax.set_xticks(range(len(runtimes)), runtimes, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"{task}: tokens/s (best k)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "tokens_per_s.png", dpi=110)
+    files.append("tokens_per_s.png")
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for mode in ("mtp", "drafter"):
+            rows = [r for r in results if r["task"] == task and r["mode"] == mode and r["runtime"] == runtimes[0]]
+            if rows:
+                r = max(rows, key=lambda r: r["k"])
+                ax.plot(range(1, r["k"] + 1), r["accept_by_position"], marker="o", label=f"{MODE_NAMES[mode]} k={r['k']}")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("draft position")
+        ax.set_title(f"{task}: share of steps accepting draft i")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance.png", dpi=110)
+    files.append("acceptance.png")
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for rt in runtimes:
+            for mode, style in (("mtp", "-"), ("drafter", ":")):
+                rows = sorted((r for r in results if (r["runtime"], r["task"], r["mode"]) == (rt, task, mode)),
+                              key=lambda r: r["k"])
+                if len(rows) > 1:
+                    ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], style, marker="o",
+                            label=f"{rt} {MODE_NAMES[mode]}")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("k (drafts per step)")
+        ax.set_title(f"{task}: speed over plain decoding")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speed_vs_k.png", dpi=110)
+    files.append("speed_vs_k.png")
+    plt.close("all")
+    return files
+
+
+def write_report(data: dict, json_path: Path) -> Path:
+    out = json_path.parent
+    images = plots(data, out)
+    m = data["machine"]
+    cfg = "; ".join(f"{rt}: {c['prompts']} prompts per task x {c['new_tokens']} tokens, k {','.join(map(str, c['ks']))}, "
+                    f"{c['repeats']} round(s)" for rt, c in data["config"].items())
+    md = out / (json_path.stem + ".md")
+    md.write_text(f"""# Benchmark: plain vs MTP vs independent drafter
+
+Machine: {m['cpu']}, {m['cores']} cores, {m['system']}; {m['date']}. No GPU: browser-webgpu is
+SwiftShader, a CPU emulation of a GPU (it proves the WebGPU path, not GPU speed).
+Plan: {cfg}. tokens/s is the median round (min-max over rounds).
+
+## Summary (each speculative mode at its best k)
+
+{summary_table(data)}
+
+## Memory
+
+{memory_table(data['memory'])}
+
+## Every configuration
+
+{full_table(data)}
+
+""" + "\n".join(f"![{i}]({i})" for i in images) + "\n")
+    return md

@@ -1,0 +1,33 @@
+"""`bench --json`: CONTRACT.md's fields, exact outputs, and a report beside the JSON (a small run)."""
+from __future__ import annotations
+
+import json
+
+from tests.test_cli import run
+
+
+def test_bench_writes_the_contract_json_and_a_report(tmp_path):
+    out = tmp_path / "bench" / "bench.json"
+    r = run("bench", "--json", str(out), "--runtimes", "torch,onnx-cpu", "--prompts", "2", "--new-tokens", "12",
+            "--ks", "1,3", "--repeats", "2", "--onnx-dir", str(tmp_path / "onnx"))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    keys = {"runtime", "task", "mode", "k", "prompts", "new_tokens", "tokens_per_s", "tau", "accept_by_position"}
+    rows = data["results"]
+    assert all(keys <= set(row) for row in rows)
+    combos = {(row["runtime"], row["task"], row["mode"], row["k"]) for row in rows}
+    assert len(combos) == 2 * 2 * 5, "runtimes x tasks x (ar, mtp k=1,3, drafter k=1,3)"
+    for row in rows:
+        assert row["tokens_per_s"] > 0 and len(row["tokens_per_s_rounds"]) == 2
+        assert row["mismatches"] == 0, row
+        assert len(row["accept_by_position"]) == row["k"]
+        assert row["tau"] == 1.0 if row["mode"] == "ar" else row["tau"] >= 1.0
+    mem = data["memory"]
+    for key in ("base_weights_bytes", "mtp_weights_bytes", "drafter_weights_bytes", "kv_bytes_per_token_base",
+                "kv_bytes_per_token_drafter", "mtp_extra_state_bytes"):
+        assert mem[key] > 0, key
+    assert mem["kv_bytes_per_token_base"] == 2 * 6 * 4 * 32 * 4
+    report = (out.parent / "bench.md").read_text()
+    assert "| torch | continue |" in report and "## Memory" in report
+    for png in ("tokens_per_s.png", "acceptance.png", "speed_vs_k.png"):
+        assert (out.parent / png).read_bytes()[:4] == b"\x89PNG"

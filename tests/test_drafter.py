@@ -1,0 +1,94 @@
+"""The independent drafter baseline: its size, its own cache by prefix, and exactness in torch and ONNX."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builder.drafter import torch_drafter
+from builder.export import load_drafter
+from builder.generate import TorchBackend, compare_to_reference, decode, decode_ar
+from builder.model import CheckpointError, LlamaConfig, Llama, save_llama
+from builder.mtp import load_head
+from builder.onnx_backend import OnnxBackend
+from builder.tasks import encode_prompt
+from tests.conftest import DRAFTER_DIR, HEAD_DIR
+from tests.test_cli import expect_error, run
+
+
+@pytest.fixture(scope="module")
+def drafter(base):
+    return load_drafter(DRAFTER_DIR, base)
+
+
+def test_drafter_is_a_separate_model_about_the_heads_size(base, drafter):
+    head = load_head(HEAD_DIR, base)
+    n_drafter = sum(p.numel() for p in drafter.parameters())
+    n_head = head.num_params()
+    assert abs(n_drafter - n_head) / n_head < 0.1, (n_drafter, n_head)
+    assert drafter.config.vocab_size == base.config.vocab_size
+    assert drafter.model.embed_tokens.weight.data_ptr() != base.model.embed_tokens.weight.data_ptr()
+
+
+def test_drafter_reads_only_the_tokens_decided_since_its_last_call(drafter):
+    fed = []
+    d = torch_drafter(drafter)
+    forward = d.forward
+    d.forward = lambda ids, cache: (fed.append(list(ids)), forward(ids, cache))[1]
+    first = d.draft([1, 50, 60, 70], 3)
+    assert fed == [[1, 50, 60, 70], [first[0]], [first[1]]], "prefill, then one run per draft"
+    fed.clear()
+    d.draft([1, 50, 60, 70, first[0], 99], 2)  # first draft accepted, then the base's own token 99
+    assert fed[0] == [99], f"the accepted draft is already cached: only 99 is read, got {fed[0]}"
+    fed.clear()
+    d.draft([1, 50, 61], 1)  # another sequence: the cache is cut back to the common prefix [1, 50]
+    assert fed == [[61]]
+
+
+def test_drafter_speculative_decoding_equals_the_reference(base, drafter, tokenizer, validation_prompts):
+    eos = base.config.eos_token_id
+    counts = {"equal": 0, "near-tie": 0, "mismatch": 0}
+    accepted = []
+    for p in validation_prompts[::3]:
+        ids = encode_prompt(tokenizer, p["task"], p["prompt"])
+        ref = decode_ar(base, ids, 32, eos)
+        for k in (1, 4, 6):
+            out = decode(TorchBackend(base, drafter=torch_drafter(drafter)), ids, 32, eos, k)
+            verdict, at = compare_to_reference(ref, out.ids)
+            counts[verdict] += 1
+            assert verdict != "mismatch", f"{p['prompt']!r} k={k}: first mismatch at token {at}"
+            accepted += out.accepted
+    print(f"\ndrafter, torch: {counts}; mean accepted per step {sum(accepted) / len(accepted):.2f}")
+    assert sum(accepted) > 0, "the drafter never agrees with the base: it learnt nothing"
+
+
+def test_onnx_drafter_equals_the_reference(base, onnx_dir, tokenizer, validation_prompts):
+    backend = OnnxBackend(onnx_dir, with_drafter=True)
+    eos = base.config.eos_token_id
+    for p in validation_prompts[::6]:
+        ids = encode_prompt(tokenizer, p["task"], p["prompt"])
+        ref = decode_ar(base, ids, 32, eos)
+        for k in (2, 5):
+            out = decode(backend, ids, 32, eos, k)
+            verdict, at = compare_to_reference(ref, out.ids)
+            assert verdict != "mismatch", f"{p['prompt']!r} k={k}: first mismatch at token {at}"
+
+
+def test_generate_mode_drafter_from_the_cli(tmp_path):
+    for backend in ("torch", "onnx"):
+        r = run("generate", "--prompt", "The json module", "--mode", "drafter", "--k", "3", "--max-new-tokens", "12",
+                "--backend", backend, "--onnx-dir", str(tmp_path / "onnx"), "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        ref = json.loads(run("generate", "--prompt", "The json module", "--max-new-tokens", "12", "--json").stdout)
+        assert out["mode"] == "drafter" and out["ids"] == ref["ids"] and len(out["accepted"]) == out["steps"]
+
+
+def test_a_drafter_with_another_vocabulary_is_refused(tmp_path):
+    other = Llama(LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1))
+    save_llama(other, tmp_path / "drafter")
+    r = run("generate", "--prompt", "The json module", "--mode", "drafter", "--drafter", str(tmp_path / "drafter"))
+    expect_error(r, "vocab_size", "cannot draft for this base")
+    with pytest.raises(CheckpointError):
+        load_drafter(tmp_path / "drafter", Llama(LlamaConfig()))
