@@ -195,7 +195,8 @@ export class Runtime {
 
   /** Text of new ids, special tokens skipped (as Python's decode). */
   decodeText(ids) {
-    return this.tokenizer.decode(ids.filter((id) => !this.special.has(id)));
+    const text = ids.filter((id) => !this.special.has(id));
+    return text.length ? this.tokenizer.decode(text) : '';  // tokenizers.js refuses an empty list
   }
 
   /** A stable number for a GPUBuffer, so a trace shows which run's output another run reads. */
