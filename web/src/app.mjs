@@ -35,7 +35,8 @@ const ready = (async () => {
       $('progress').hidden = loaded >= total;
       $('progress').max = total;
       $('progress').value = loaded;
-      $('progress-text').textContent = loaded >= total ? '' : `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
+      $('progress-text').textContent = loaded >= total ? `Loaded ${file} (${mb(total)}).`
+        : `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
     },
   });
   const loadMs = performance.now();  // since the page started to load
