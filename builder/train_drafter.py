@@ -9,7 +9,6 @@ at every position, so the drafter learns the base's distribution, not only its a
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import time
@@ -23,7 +22,7 @@ from tqdm import tqdm
 from .corpus import load_corpus, validation_prompts
 from .model import Llama, LlamaConfig, load_llama, save_llama
 from .tasks import load_tokenizer
-from .train_head import HeadTrainConfig, greedy_continuations, make_batches, training_prompts
+from .train_head import HeadTrainConfig, greedy_continuations, make_batches, set_lr, training_prompts
 
 
 @dataclass
@@ -65,9 +64,7 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig):
     bar = tqdm(range(cfg.steps), desc="train-drafter", unit="step")
     recent = []
     for step in bar:
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
-        for group in opt.param_groups:
-            group["lr"] = lr
+        set_lr(opt, step, cfg)
         seqs, valid = next(batches)
         real = seqs != 0
         real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end

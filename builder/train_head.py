@@ -132,6 +132,13 @@ def make_batches(data, batch: int, rng: random.Random):
             yield seqs, valid
 
 
+def set_lr(opt, step: int, cfg) -> None:
+    """Linear warm-up over cfg.warmup steps, then cosine decay to a tenth of cfg.lr at cfg.steps."""
+    lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
 def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None):
     torch.manual_seed(cfg.seed)
     for p in base.parameters():
@@ -154,9 +161,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     bar = tqdm(range(cfg.steps), desc="train-head", unit="step")
     recent = []
     for step in bar:
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
-        for group in opt.param_groups:
-            group["lr"] = lr
+        set_lr(opt, step, cfg)
         loss, stats = chain_loss(head, base, *next(batches), cfg.k)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -117,7 +117,6 @@ export class Runtime {
     this.queue = Promise.resolve();  // every session.run goes through this one chain
     this.trace = null;               // set to [] to record every run's inputs and outputs
     this.bufferIds = new WeakMap();
-    this.runs = 0;
   }
 
   /**
@@ -222,7 +221,6 @@ export class Runtime {
         const inputs = Object.entries(feeds).map(([n, t]) => `${n} ${t.type}[${t.dims}] on ${t.location}`).join(', ');
         throw new PageError(`${graph} graph failed on ${this.backend} (${e.message}); inputs: ${inputs}`);
       }
-      this.runs += 1;
       if (this.trace) {
         const id = (b) => this.bufferId(b);
         this.trace.push({
