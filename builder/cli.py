@@ -47,8 +47,12 @@ def build_parser() -> Parser:
     g.add_argument("--mode", default="ar", choices=["ar", "mtp", "drafter"],
                    help="ar: plain greedy decoding with the base alone; mtp: the MTP head drafts, the base "
                         "verifies; drafter: the independent drafter drafts, the base verifies")
-    g.add_argument("--k", type=int, default=4, help="tokens drafted per step (speculative modes)")
-    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--k", type=int, default=4,
+                   help="tokens drafted per step (speculative modes): 1 to 16; 1 to 6 for mtp on --backend onnx, "
+                        "whose head graphs draft at most 6")
+    g.add_argument("--max-new-tokens", type=positive_int, default=32,
+                   help="stop after this many new tokens; decoding also stops at the end-of-sequence token and "
+                        "when the prompt and its new tokens fill the context window (JSON field `stopped`)")
     g.add_argument("--backend", default="torch", choices=["torch", "onnx"],
                    help="torch: the PyTorch modules; onnx: the exported ONNX graphs with onnxruntime on the CPU")
     g.add_argument("--onnx-dir", default="build/onnx",
@@ -101,9 +105,16 @@ def build_parser() -> Parser:
     return p
 
 
+STOP_NOTES = {"max-new-tokens": "stopped at --max-new-tokens", "end-of-sequence": "the model ended the text",
+              "context-window": "stopped: the prompt and the new tokens fill the context window of {context} tokens"}
+
+
 def read_prompts(args) -> list[dict]:
+    """The prompts to decode; lone surrogates (undecodable argv bytes, broken JSON escapes) become U+FFFD."""
+    from .tasks import well_formed
+
     if args.prompt is not None:
-        return [{"prompt": args.prompt, "task": args.task}]
+        return [{"prompt": well_formed(args.prompt), "task": args.task}]
     path: Path = args.prompts_file
     if not path.is_file():
         raise PromptError(f"prompts file not found: {path}")
@@ -117,7 +128,7 @@ def read_prompts(args) -> list[dict]:
             raise PromptError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise PromptError(f'{path}:{n}: expected an object with a string "prompt"')
-        prompts.append({"prompt": obj["prompt"], "task": obj.get("task", args.task)})
+        prompts.append({"prompt": well_formed(obj["prompt"]), "task": obj.get("task", args.task)})
     if not prompts:
         raise PromptError(f"{path} holds no prompts")
     return prompts
@@ -126,7 +137,7 @@ def read_prompts(args) -> list[dict]:
 def cmd_generate(args) -> None:
     from .drafter import torch_drafter
     from .export import load_drafter
-    from .generate import TorchBackend, check_room, decode
+    from .generate import TorchBackend, decode, room
     from .model import load_llama
     from .mtp import load_head
     from .tasks import decode as decode_text, encode_prompt, load_tokenizer
@@ -154,7 +165,7 @@ def cmd_generate(args) -> None:
         where = f"prompt {n}: " if args.prompts_file else ""
         try:
             ids = encode_prompt(tok, p["task"], p["prompt"])
-            check_room(ids, args.max_new_tokens, backend.context)
+            room(ids, args.max_new_tokens, backend.context)
         except PromptError as e:
             raise PromptError(where + str(e)) from None
         jobs.append((p, ids))
@@ -166,11 +177,12 @@ def cmd_generate(args) -> None:
         if args.json:
             print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
                               "backend": args.backend, "prompt_ids": prompt_ids, "ids": out.ids, "text": text,
-                              "steps": out.steps, "accepted": out.accepted,
+                              "steps": out.steps, "accepted": out.accepted, "stopped": out.stopped,
                               "margins": out.margins if args.mode == "ar" else [],
                               "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
         else:
             print(text, flush=True)
+            sys.stderr.write(f"[{STOP_NOTES[out.stopped].format(context=backend.context)}]\n")
 
 
 def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path, drafter_dir: Path | None = None):

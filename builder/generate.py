@@ -12,8 +12,9 @@ How a decode goes, for a prompt of P tokens:
   tokens - exactly those plain greedy decoding would decide, one pass instead of n + 1.
 - the cache is rolled back to the n + 1 fed tokens that were right (a prefix view, no copy).
 `steps` counts the base passes after the prefill: plain decoding takes one per token.
-Decoding stops after `max_new_tokens` tokens or once the end-of-sequence token is decided (it is kept
-in `ids`, and dropped from the text).
+Decoding stops after `max_new_tokens` tokens, once the end-of-sequence token is decided (it is kept
+in `ids`, and dropped from the text), or when the sequence fills the context window (a clamp: the
+prompt plus its new tokens never exceed it); `Decoded.stopped` says which.
 
 `decode_naive` recomputes the whole sequence at every token with no cache; it exists only to check
 the cached path (they must give the same tokens).
@@ -34,27 +35,34 @@ class Decoded:
     steps: int = 0                                      # base passes after the prefill
     accepted: list[int] = field(default_factory=list)   # per step, drafts accepted (plain decoding: empty)
     margins: list[float] = field(default_factory=list)  # per new token, top-1 minus top-2 base logit
+    stopped: str = ""  # why decoding ended: one of STOP_REASONS
 
 
-def check_room(prompt_ids: list[int], max_new_tokens: int, context: int) -> None:
+STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
+
+
+def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
+    """How many new tokens decoding may produce: max_new_tokens, clamped so that the prompt and its new
+    tokens fit the context window. A prompt that leaves no room for one new token is an error."""
     if len(prompt_ids) < 2:
         raise PromptError("the prompt is empty")
     if max_new_tokens < 1:
-        raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if len(prompt_ids) + max_new_tokens > context:
-        raise PromptError(f"the prompt is {len(prompt_ids)} tokens; with {max_new_tokens} new tokens it needs "
-                          f"{len(prompt_ids) + max_new_tokens}, more than the context window of {context}")
+        raise PromptError(f"max new tokens must be at least 1, got {max_new_tokens}")
+    if len(prompt_ids) >= context:
+        raise PromptError(f"the prompt is {len(prompt_ids)} tokens, too long for the context window of {context} "
+                          f"tokens: shorten it by at least {len(prompt_ids) - context + 1} tokens")
+    return min(max_new_tokens, context - len(prompt_ids))
 
 
 def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None, k: int = 0) -> Decoded:
     """Greedy decoding; with k > 0 the backend drafts k tokens per step and the base verifies them."""
-    check_room(prompt_ids, max_new_tokens, backend.context)
+    limit = room(prompt_ids, max_new_tokens, backend.context)
     out = Decoded()
     state = backend.prefill(prompt_ids[:-1])
     token = prompt_ids[-1]
     while True:
-        # never draft past max_new_tokens: that also keeps every fed position inside the context
-        k_step = min(k, max_new_tokens - len(out.ids) - 1)
+        # never draft past the limit: that also keeps every fed position inside the context
+        k_step = min(k, limit - len(out.ids) - 1)
         drafts = backend.draft(state, token, k_step) if k_step > 0 else []
         choices, margins, state = backend.verify(state, [token] + drafts)
         n = 0
@@ -67,7 +75,9 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
         for tok, margin in zip(choices[: n + 1], margins[: n + 1]):
             out.ids.append(tok)
             out.margins.append(margin)
-            if tok == eos_id or len(out.ids) == max_new_tokens:
+            if tok == eos_id or len(out.ids) == limit:
+                out.stopped = ("end-of-sequence" if tok == eos_id else
+                               "max-new-tokens" if limit == max_new_tokens else "context-window")
                 return out
         token = out.ids[-1]
 

@@ -6,10 +6,14 @@ A prompt is the task's marker token, the user's text, then the task's separator 
     proofread:  <|proofread|>{text}<|fix|>         the model writes the corrected sentence, then <|endoftext|>
 
 Special tokens are encoded by id, never parsed out of the user's text, so a user who types
-"<|fix|>" gets those characters, not the marker.
+"<|fix|>" gets those characters, not the marker. Text is encoded as the code points it holds (control
+characters, right-to-left marks and all); a lone surrogate (half of a UTF-16 pair, which no UTF-8 text
+can hold: it comes from broken JSON escapes or undecodable command-line bytes) is replaced by U+FFFD,
+as the page does with String.prototype.toWellFormed.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -45,9 +49,17 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     return tok
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """text with every lone surrogate replaced by U+FFFD (a Python str holds pairs as one code point)."""
+    return LONE_SURROGATE.sub("\ufffd", text)
+
+
 def encode_text(tok: Tokenizer, text: str) -> list[int]:
     """The ids of plain text: no special tokens are recognised in it."""
-    return tok.encode(text, add_special_tokens=False).ids if text else []
+    return tok.encode(well_formed(text), add_special_tokens=False).ids if text else []
 
 
 def encode_prompt(tok: Tokenizer, task: str, text: str) -> list[int]:

@@ -50,9 +50,53 @@ def test_empty_prompt_is_a_clear_error():
     expect_error(run("generate", "--prompt", "  "), "empty")
 
 
-def test_prompt_that_leaves_no_room_is_a_clear_error():
-    expect_error(run("generate", "--prompt", "word " * 300), "context window")
-    expect_error(run("generate", "--prompt", "hi", "--max-new-tokens", "1000"), "context window")
+def test_prompt_too_long_for_the_context_window_is_a_clear_error():
+    expect_error(run("generate", "--prompt", "word " * 300), "context window of 256 tokens", "shorten it")
+
+
+def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
+    r = run("generate", "--prompt", "word " * 250, "--max-new-tokens", "1000", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["prompt_ids"]) + len(out["ids"]) <= 256
+    assert out["stopped"] in ("context-window", "end-of-sequence")
+    if out["stopped"] == "context-window":
+        assert len(out["prompt_ids"]) + len(out["ids"]) == 256
+    r = run("generate", "--prompt", "word " * 250, "--max-new-tokens", "1000")
+    assert r.returncode == 0 and r.stderr.strip() in (
+        "[stopped: the prompt and the new tokens fill the context window of 256 tokens]", "[the model ended the text]")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--max-new-tokens", "0"], "--max-new-tokens: must be a whole number of at least 1, got '0'"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens"),
+    (["--max-new-tokens", "many"], "'many'"),
+    (["--mode", "mtp", "--k", "0"], "--k must be between 1 and 16, got 0"),
+    (["--mode", "drafter", "--k", "17"], "--k must be between 1 and 16, got 17"),
+    (["--mode", "mtp", "--k", "7", "--backend", "onnx"], "--k must be at most 6 with --backend onnx"),
+    (["--mode", "fast"], "invalid choice: 'fast'"),
+])
+def test_out_of_range_options_are_a_clear_error(args, fragment, onnx_dir):
+    expect_error(run("generate", "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), fragment)
+
+
+def test_odd_text_is_decoded_as_text(tmp_path, tokenizer):
+    """Emoji, CJK, right-to-left script, control characters, markup and a lone surrogate (documented
+    clamp: replaced by U+FFFD, as the page does) all decode; the prompt ids are the text's own."""
+    from builder.tasks import encode_prompt
+
+    texts = ["Emoji 😀👍🏽 and 中文字符 and עברית and العربية", "tab\there\r\nbell\x07 nul\x00 end",
+             "<script>alert(1)</script><img src=x onerror=alert(2)>", "half a pair \ud83d here",
+             "<|fix|> is text"]
+    f = tmp_path / "odd.jsonl"
+    f.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))  # JSON escapes keep the lone surrogate
+    r = run("generate", "--prompts-file", str(f), "--max-new-tokens", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == len(texts)
+    for row, text in zip(rows, texts):
+        assert row["prompt_ids"] == encode_prompt(tokenizer, "continue", text.replace("\ud83d", "\ufffd"))
+        assert 1 <= len(row["ids"]) <= 4
 
 
 def test_unknown_task_is_a_clear_error():
@@ -85,8 +129,45 @@ def test_corrupt_or_missing_weights_are_a_clear_error(tmp_path, damage):
     expect_error(run("generate", "--prompt", "hi", "--base", str(d)), "model.safetensors")
 
 
+def test_a_head_trained_for_another_base_is_refused(tmp_path):
+    """The same architecture with one weight changed is another base: the head's fingerprint check fails."""
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "base"
+    shutil.copytree(BASE_DIR, d)
+    weights = load_file(d / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] += 0.01
+    save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
+    expect_error(run("generate", "--prompt", "hi", "--base", str(d), "--mode", "mtp"), "trained for another base")
+    assert run("generate", "--prompt", "hi", "--base", str(d), "--max-new-tokens", "2").returncode == 0
+
+
+@pytest.mark.parametrize("damage", ["alter", "remove"])
+def test_an_onnx_file_that_does_not_match_the_manifest_is_a_clear_error(tmp_path, onnx_dir, damage):
+    d = tmp_path / "onnx"
+    shutil.copytree(onnx_dir, d)
+    f = d / "head_k4.onnx"
+    if damage == "alter":
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    else:
+        f.unlink()
+    expect_error(run("generate", "--prompt", "hi", "--mode", "mtp", "--backend", "onnx", "--onnx-dir", str(d)),
+                 "head_k4.onnx", "sha256 mismatch" if damage == "alter" else "missing")
+
+
 def test_corrupt_tokenizer_is_a_clear_error(tmp_path):
     d = tmp_path / "base"
     shutil.copytree(BASE_DIR, d)
     (d / "tokenizer.json").write_text("{ not json")
     expect_error(run("generate", "--prompt", "hi", "--base", str(d)), "tokenizer.json")
+
+
+def test_undecodable_command_line_bytes_are_replaced_not_a_traceback():
+    r = subprocess.run([sys.executable, "-m", "builder", "generate", "--prompt", b"caf\xe9 ok", "--max-new-tokens", "2",
+                        "--json"], cwd=ROOT, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout)["prompt"] == "caf\ufffd ok"

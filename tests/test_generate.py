@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.generate import check_room, decode_ar, decode_naive
+from builder.generate import TorchBackend, decode, decode_ar, decode_naive, room
 from builder.tasks import PromptError, encode_prompt
 
 
@@ -27,12 +27,39 @@ def test_decoding_stops_at_end_of_sequence(base, tokenizer, validation_prompts):
     assert out.ids[-1] == eos and eos not in out.ids[:-1], "decoding must stop right after the end token"
 
 
-def test_prompt_must_leave_room_for_the_new_tokens(base):
+def test_new_tokens_are_clamped_to_the_context_window(base):
     ctx = base.config.max_position_embeddings
-    check_room([1] * (ctx - 8), 8, ctx)
-    with pytest.raises(PromptError, match="context window"):
-        check_room([1] * (ctx - 8), 9, ctx)
+    assert room([1] * (ctx - 8), 8, ctx) == 8
+    assert room([1] * (ctx - 8), 9, ctx) == 8
+    assert room([1] * (ctx - 1), 100, ctx) == 1
+    with pytest.raises(PromptError, match="too long for the context window of 256 tokens: shorten it by at least 1"):
+        room([1] * ctx, 1, ctx)
     with pytest.raises(PromptError, match="empty"):
-        check_room([], 8, ctx)
+        room([], 8, ctx)
     with pytest.raises(PromptError, match="at least 1"):
-        check_room([1, 2], 0, ctx)
+        room([1, 2], 0, ctx)
+
+
+def test_reaching_the_context_window_stops_cleanly_and_says_so(base, tokenizer, corpus):
+    """A prompt 5 tokens short of the window: every mode decides exactly those 5 tokens, the same ones."""
+    from builder.mtp import load_head
+    from tests.conftest import HEAD_DIR
+
+    ctx = base.config.max_position_embeddings
+    eos = base.config.eos_token_id
+    for start in range(0, 400, 40):  # the first window-filling prompt the base does not end within 5 tokens
+        ids = encode_prompt(tokenizer, "continue", " ".join(corpus.validation[start:start + 40]))[: ctx - 5]
+        ref = decode_ar(base, ids, 50, eos)
+        if eos not in ref.ids:
+            break
+    assert len(ids) == ctx - 5 and eos not in ref.ids
+    assert len(ref.ids) == 5 and ref.stopped == "context-window"
+    mtp = decode(TorchBackend(base, head=load_head(HEAD_DIR, base)), ids, 50, eos, k=4)
+    assert mtp.ids == ref.ids and mtp.stopped == "context-window"
+    assert decode_ar(base, ids, 5, eos).stopped == "max-new-tokens"
+
+
+def test_stop_reasons_name_the_end_of_sequence(base, tokenizer, validation_prompts):
+    out = decode_ar(base, encode_prompt(tokenizer, "proofread", validation_prompts[30]["prompt"]), 120,
+                    base.config.eos_token_id)
+    assert out.stopped == "end-of-sequence"
