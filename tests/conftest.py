@@ -1,7 +1,9 @@
 """Shared fixtures: the shipped base model, its tokenizer and validation prompts no training saw."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import torch
@@ -50,3 +52,65 @@ def onnx_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("onnx")
     export(BASE_DIR, HEAD_DIR, out, drafter_dir=DRAFTER_DIR)
     return out
+
+
+# ---------------------------------------------------------------- the built site in headless Chromium
+
+@pytest.fixture(scope="session")
+def site(onnx_dir, tmp_path_factory):
+    from builder.site import build
+
+    out = tmp_path_factory.mktemp("site")
+    build(BASE_DIR, HEAD_DIR, DRAFTER_DIR, out, onnx_dir, note=lambda msg: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def url(site):
+    from builder.browser import served
+
+    with served(site) as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def browser():
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("Debian's chromium is not installed (bash .ci/setup installs it): the browser tests cannot run")
+    from playwright.sync_api import sync_playwright
+
+    from builder.browser import CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the site with its console errors, uncaught errors and requests recorded."""
+
+    def __init__(self, browser, url: str, query: str = "", viewport=None, init_script: str | None = None):
+        self.context = browser.new_context(viewport=viewport or {"width": 1000, "height": 900})
+        self.page = self.context.new_page()
+        self.errors, self.requests = [], []
+        if init_script:
+            self.page.add_init_script(init_script)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: m.type == "error" and "onnxruntime" not in m.text and self.errors.append(m.text))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.url = url
+        self.page.goto(url + query)
+        self.info = self.page.evaluate("window.frozenMTP.ready")
+
+    def generate(self, **options):
+        return self.page.evaluate("(o) => window.frozenMTP.generate(o)", options)
+
+    def foreign_requests(self) -> list[str]:
+        """Every request the page made that is not to the site's own origin."""
+        origin = urlsplit(self.url)[:2]
+        return [r for r in self.requests if urlsplit(r)[:2] != origin]
+
+    def close(self):
+        self.context.close()

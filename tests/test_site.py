@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import urllib.request
 
 import pytest
 
-from builder.browser import CHROMIUM_ARGS
+from builder.browser import served
 from builder.generate import compare_to_reference, decode_ar
-from builder.site import VENDOR, build, make_server
+from builder.site import VENDOR
 from builder.tasks import encode_prompt, encode_text
-from tests.conftest import BASE_DIR, DRAFTER_DIR, HEAD_DIR, ROOT
+from tests.conftest import ROOT, Page
 
 PROMPTS_PER_TASK = 8
 NEW_TOKENS = {"wasm": 32, "webgpu": 12}  # SwiftShader WebGPU is a CPU emulation: about 1 s a base run here
@@ -43,63 +42,13 @@ if (globalThis.GPUBuffer) {
 """
 
 
-@pytest.fixture(scope="session")
-def site(onnx_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    build(BASE_DIR, HEAD_DIR, DRAFTER_DIR, out, onnx_dir, note=lambda msg: None)
-    return out
-
-
-@pytest.fixture(scope="session")
-def url(site):
-    server = make_server(site, 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    path = shutil.which("chromium")
-    if path is None:
-        pytest.fail("Debian's chromium is not installed (bash .ci/setup installs it): the browser tests cannot run")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-class Page:
-    """A page of the site with its console errors, uncaught errors and requests recorded."""
-
-    def __init__(self, browser, url: str, query: str = "", viewport=None, init_script: str | None = None):
-        self.context = browser.new_context(viewport=viewport or {"width": 1000, "height": 900})
-        self.page = self.context.new_page()
-        self.errors, self.requests = [], []
-        if init_script:
-            self.page.add_init_script(init_script)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("console", lambda m: m.type == "error" and "onnxruntime" not in m.text and self.errors.append(m.text))
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.goto(url + query)
-        self.info = self.page.evaluate("window.frozenMTP.ready")
-
-    def generate(self, **options):
-        return self.page.evaluate("(o) => window.frozenMTP.generate(o)", options)
-
-    def close(self):
-        self.context.close()
-
-
 @pytest.fixture(scope="module", params=["wasm", "webgpu"])
 def page(request, browser, url):
     p = Page(browser, url, f"?backend={request.param}", init_script=GPU_READ_HOOK)
     assert p.info["backend"] == request.param, p.info
     yield p
     assert p.errors == [], f"the page logged errors: {p.errors}"
+    assert p.foreign_requests() == [], "the page asked for something outside its own site"
     p.close()
 
 
@@ -232,7 +181,7 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "phone.png"), full_page=True)
         assert p.errors == []
-        assert all(r.startswith(url) or r.startswith("data:") for r in p.requests), "a request left the site"
+        assert p.foreign_requests() == [], "a request left the site"
     finally:
         p.close()
 
@@ -253,17 +202,12 @@ def test_an_altered_model_file_is_a_clear_error_naming_it(browser, site, tmp_pat
     data = bytearray((altered / "models" / f"head_k{K}.onnx").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (altered / "models" / f"head_k{K}.onnx").write_bytes(bytes(data))
-    server = make_server(altered, 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with served(altered) as url:
         context = browser.new_context()
         page = context.new_page()
-        page.goto(f"http://127.0.0.1:{server.server_address[1]}/?backend=wasm")
+        page.goto(url + "?backend=wasm")
         error = page.evaluate("window.frozenMTP.ready.then(() => 'loaded', (e) => e.message)")
         assert f"head_k{K}.onnx" in error and "altered" in error, error
         assert page.locator("#message").inner_text() == error, "the page shows the error"
         assert page.get_by_role("button", name="Generate").is_disabled()
         context.close()
-    finally:
-        server.shutdown()
-        server.server_close()

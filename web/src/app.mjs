@@ -2,7 +2,7 @@
 // window.frozenMTP (CONTRACT.md) for tests and outside checks. User and model text only ever reaches the
 // page through textContent, never innerHTML.
 
-import { PageError, Runtime, chooseBackend } from './mtp.mjs';
+import { DeviceLostError, PageError, Runtime, chooseBackend } from './mtp.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -24,8 +24,11 @@ function mb(bytes) {
 
 // ---------------------------------------------------------------- loading
 
-const ready = (async () => {
-  const choice = await chooseBackend(params.get('backend'));
+/**
+ * Loads the models for a backend choice; the runtime falls back to WASM if its GPU device is lost.
+ * `since`: when the load started (the first counts from the page's start).
+ */
+async function load(choice, since = 0) {
   $('backend').textContent = choice.backend === 'webgpu' ? 'WebGPU' : 'WASM';
   $('adapter').textContent = choice.adapter ? `${choice.note}: ${choice.adapter}` : choice.note;
   const runtime = await Runtime.load(new URL('models/', location.href), {
@@ -39,18 +42,33 @@ const ready = (async () => {
         : `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
     },
   });
-  const loadMs = performance.now();  // since the page started to load
+  const loadMs = performance.now() - since;
   $('progress').hidden = true;
   $('progress-text').textContent = `Models ready in ${(loadMs / 1000).toFixed(1)} s.`;
   for (const id of ['generate', 'compare']) $(id).disabled = false;
+  runtime.onLost = (info) => {
+    const why = `the GPU device was lost (${info.reason}: ${info.message})`;
+    $('progress-text').textContent = `${why[0].toUpperCase()}${why.slice(1)}: reloading the models on WASM…`;
+    // after the run in flight has failed: releasing sessions or creating others while onnxruntime-web's
+    // WebAssembly is suspended inside a run would re-enter it
+    current = runtime.queue.then(() => runtime.close())
+      .then(() => load({ backend: 'wasm', adapter: null, note: `WASM: ${why}` }, performance.now()));
+    current.catch(onLoadFailure);
+  };
   return { runtime, info: { backend: runtime.backend, adapter: choice.adapter, note: choice.note, kMax: runtime.kMax,
     contextLength: runtime.context, loadMs } };
-})();
-ready.catch((e) => {
+}
+
+function onLoadFailure(e) {
   $('progress').hidden = true;
   $('progress-text').textContent = 'The models could not be loaded.';
   showError(e);
-});
+}
+
+// the promise of the models in use, {runtime, info}: replaced when the page falls back to WASM
+let current = chooseBackend(params.get('backend')).then((choice) => load(choice));
+const ready = current;
+ready.catch(onLoadFailure);
 
 // ---------------------------------------------------------------- generation (one at a time)
 
@@ -63,7 +81,7 @@ let controller = null;
  */
 function generate({ prompt, task = 'continue', mode = 'mtp', k = 4, maxNewTokens = 32, trace = false, onStep, signal } = {}) {
   const job = chain.then(async () => {
-    const { runtime } = await ready;
+    const { runtime } = await current;
     if (!(mode in MODES)) throw new PageError(`unknown mode "${mode}": choose ar, mtp or drafter`);
     if (mode !== 'ar' && !(Number.isInteger(k) && k >= 1 && k <= runtime.kMax)) {
       throw new PageError(`k must be a whole number from 1 to ${runtime.kMax}, got ${k}`);
@@ -74,13 +92,22 @@ function generate({ prompt, task = 'continue', mode = 'mtp', k = 4, maxNewTokens
     runtime.trace = trace ? [] : null;
     const t0 = performance.now();
     let firstTokenMs = null;
-    const out = await runtime.decode(promptIds, {
-      maxNewTokens, k: mode === 'ar' ? 0 : k, source: mode === 'drafter' ? 'drafter' : 'head', signal,
-      onStep(decided, sofar) {
-        firstTokenMs ??= performance.now() - t0;
-        onStep?.(decided, sofar, performance.now() - t0);
-      },
-    });
+    let out;
+    try {
+      out = await runtime.decode(promptIds, {
+        maxNewTokens, k: mode === 'ar' ? 0 : k, source: mode === 'drafter' ? 'drafter' : 'head', signal,
+        onStep(decided, sofar) {
+          firstTokenMs ??= performance.now() - t0;
+          onStep?.(decided, sofar, performance.now() - t0);
+        },
+      });
+    } catch (e) {
+      if (e instanceof DeviceLostError) {
+        throw new DeviceLostError(`${e.message} during this generation: the page is reloading the models on WASM; ` +
+          'generate again');
+      }
+      throw e;
+    }
     const ms = performance.now() - t0;
     const result = { promptIds, ids: out.ids, text: runtime.decodeText(out.ids), steps: out.steps, accepted: out.accepted,
       ms, firstTokenMs, backend: runtime.backend, mode, k: mode === 'ar' ? 0 : k, task, stopped: out.stopped };
@@ -94,6 +121,11 @@ function generate({ prompt, task = 'continue', mode = 'mtp', k = 4, maxNewTokens
 
 window.frozenMTP = {
   ready: ready.then(({ info }) => info),
+  /** The models in use now (after a fallback, not those `ready` reported), and the GPU tensors they hold. */
+  info: async () => {
+    const { runtime, info } = await current;
+    return { ...info, liveGpuTensors: runtime.gpuTensors.size };
+  },
   generate: (options) => generate(options),
   /** The ids Python's encode_text gives for text (tokenizer parity tests). */
   encodeText: async (text) => (await ready).runtime.encodeText(text),
@@ -167,7 +199,7 @@ function showFigures(result, ms) {
 }
 
 const STOPS = { 'max-new-tokens': 'Stopped at the new-token limit.', 'end-of-sequence': 'The model ended the text.',
-  stopped: 'Stopped.' };
+  'context-window': 'Stopped: the prompt and the new tokens fill the context window.', stopped: 'Stopped.' };
 
 function setBusy(busy) {
   $('generate').disabled = busy;
@@ -176,7 +208,7 @@ function setBusy(busy) {
 }
 
 async function runOnPage(mode) {
-  const { runtime } = await ready;
+  const { runtime } = await current;
   const stream = new Stream(runtime, $('output'));
   const k = Number($('k').value);
   controller = new AbortController();

@@ -19,6 +19,9 @@ ort.env.logLevel = 'error';
 /** An error a visitor can act on; `message` is one plain sentence. */
 export class PageError extends Error {}
 
+/** The WebGPU device was lost (driver reset, GPU process crash, device destroyed): its sessions are gone. */
+export class DeviceLostError extends PageError {}
+
 /**
  * Which execution provider to use: `requested` ('webgpu' | 'wasm' | null) forces one; otherwise WebGPU
  * where the browser offers an adapter, WASM else.
@@ -56,7 +59,8 @@ async function fetchBytes(url, { sha256, bytes, onBytes }) {
   } catch (e) {
     throw new PageError(`could not download ${url} (${e.message})`);
   }
-  if (!response.ok) throw new PageError(`could not download ${url}: HTTP ${response.status}`);
+  if (response.status === 404) throw new PageError(`${url} is missing from the site (HTTP 404): rebuild the site`);
+  if (!response.ok) throw new PageError(`could not download ${url}: HTTP ${response.status} ${response.statusText}`);
   const reader = response.body.getReader();
   const chunks = [];
   let got = 0;
@@ -117,6 +121,32 @@ export class Runtime {
     this.queue = Promise.resolve();  // every session.run goes through this one chain
     this.trace = null;               // set to [] to record every run's inputs and outputs
     this.bufferIds = new WeakMap();
+    this.gpuTensors = new Set();     // every GPU tensor a run returned and nobody disposed yet
+    this.lost = null;                // once the WebGPU device is lost: its GPUDeviceLostInfo
+    this.onLost = null;              // called once, with that info
+  }
+
+  /** Watches the WebGPU device onnxruntime-web created (with the first session) for loss. */
+  watchDevice() {
+    const device = ort.env.webgpu?.device;
+    if (this.backend !== 'webgpu' || this.watched || !device?.lost) return;
+    this.watched = device;
+    device.lost.then((info) => {
+      this.lost = info;
+      this.onLost?.(info);
+    });
+  }
+
+  /** Whether the device is lost, waiting a moment for its lost promise when a run has just failed. */
+  async deviceLost() {
+    if (this.lost || !this.watched) return this.lost;
+    await Promise.race([this.watched.lost, new Promise((resolve) => { setTimeout(resolve, 200); })]);
+    return this.lost;
+  }
+
+  /** Disposes a tensor a run returned (a no-op for CPU tensors) and stops counting it. */
+  dispose(t) {
+    if (this.gpuTensors.delete(t)) t.dispose();
   }
 
   /**
@@ -168,11 +198,13 @@ export class Runtime {
       preferredOutputLocation[out.name] = this.backend === 'webgpu' && out.dtype !== 'int64' ? 'gpu-buffer' : 'cpu';
     }
     try {
-      return await ort.InferenceSession.create(data, {
+      const session = await ort.InferenceSession.create(data, {
         executionProviders: [this.backend],
         graphOptimizationLevel: 'all',
         ...(this.backend === 'webgpu' ? { preferredOutputLocation } : {}),
       });
+      this.watchDevice();
+      return session;
     } catch (e) {
       throw new PageError(`could not open ${graph.file} on ${this.backend}: ${e.message}`);
     }
@@ -180,14 +212,16 @@ export class Runtime {
 
   /** The ids of plain text (no special tokens recognised in it). */
   encodeText(text) {
-    return text ? this.tokenizer.encode(text, { add_special_tokens: false }).ids : [];
+    // a lone surrogate (half a UTF-16 pair) becomes U+FFFD, as builder/tasks.py's well_formed
+    return text ? this.tokenizer.encode(text.toWellFormed(), { add_special_tokens: false }).ids : [];
   }
 
   /** The prompt's ids in the task's one format: [marker] + text + [separator]. */
   encodePrompt(task, text) {
     const format = this.manifest.tasks[task];
     if (!format) throw new PageError(`unknown task "${task}": choose ${Object.keys(this.manifest.tasks).join(' or ')}`);
-    if (typeof text !== 'string' || !text.trim()) throw new PageError('the prompt is empty');
+    if (typeof text !== 'string') throw new PageError(`the prompt must be text, got ${typeof text}`);
+    if (!text.trim()) throw new PageError('the prompt is empty');
     const ids = [this.manifest.special_tokens[format.marker], ...this.encodeText(text)];
     return format.separator ? [...ids, this.manifest.special_tokens[format.separator]] : ids;
   }
@@ -215,12 +249,16 @@ export class Runtime {
       if (!this.sessions[graph]) await this.openAll([graph]);
       const session = await this.sessions[graph];
       let outputs;
+      if (this.lost) throw new DeviceLostError(`the GPU device was lost (${this.lost.reason}: ${this.lost.message})`);
       try {
         outputs = await session.run(feeds);
       } catch (e) {
+        const lost = await this.deviceLost();
+        if (lost) throw new DeviceLostError(`the GPU device was lost (${lost.reason}: ${lost.message})`);
         const inputs = Object.entries(feeds).map(([n, t]) => `${n} ${t.type}[${t.dims}] on ${t.location}`).join(', ');
         throw new PageError(`${graph} graph failed on ${this.backend} (${e.message}); inputs: ${inputs}`);
       }
+      for (const t of Object.values(outputs)) if (t.location === 'gpu-buffer') this.gpuTensors.add(t);
       if (this.trace) {
         const id = (b) => this.bufferId(b);
         this.trace.push({
@@ -250,7 +288,7 @@ export class Runtime {
     const choices = Array.from(out.choices.data, Number);
     const cache = {};
     for (const [present, past] of Object.entries(this.presentToPast)) cache[past] = out[present];
-    out.margins.dispose();  // never read: the exactness rule's margins are the Python reference's
+    this.dispose(out.margins);  // never read: the exactness rule's margins are the Python reference's
     return { choices, state: { cache, hidden: out.hidden, fed: ids.length, owners: Object.values(cache).concat(out.hidden) } };
   }
 
@@ -308,8 +346,8 @@ export class Runtime {
     const drafts = [];
     for (let i = 0; i < k; i += 1) {
       const out = await this.run('drafter', { input_ids: new ort.Tensor('int64', BigInt64Array.from(feed, BigInt), [1, feed.length]), ...cache });
-      out.margins.dispose();
-      out.hidden.dispose();
+      this.dispose(out.margins);
+      this.dispose(out.hidden);
       this.release({ owners });  // the new cache replaces the old one
       cache = {};
       for (const [present, past] of Object.entries(this.drafterPresentToPast)) cache[past] = out[present];
@@ -324,7 +362,19 @@ export class Runtime {
 
   /** Disposes the GPU tensors a state owns (no-op for CPU tensors). */
   release(state) {
-    for (const t of state?.owners || []) t.dispose();
+    for (const t of state?.owners || []) this.dispose(t);
+  }
+
+  /** Closes every session (the page is done with this runtime, e.g. after its GPU device was lost). */
+  async close() {
+    for (const t of this.gpuTensors) t.dispose();
+    this.gpuTensors.clear();
+    for (const pending of Object.values(this.sessions)) {
+      try {
+        await (await pending).release();
+      } catch { /* a session that never opened, or died with its device: nothing to release */ }
+    }
+    this.sessions = {};
   }
 
   /**
@@ -332,10 +382,12 @@ export class Runtime {
    * drafts k tokens a step and the base verifies them.
    * @param {number[]} promptIds
    * @param {{maxNewTokens: number, k: number, source?: string, onStep?: Function, signal?: AbortSignal}} options
+   * Stops at maxNewTokens, at the end-of-sequence token, when the sequence fills the context window, or
+   * (checked before every step, so within one step) when signal aborts; `stopped` says which.
    * @returns {Promise<{ids: number[], steps: number, accepted: number[], stopped: string}>}
    */
   async decode(promptIds, { maxNewTokens, k, source = 'head', onStep, signal }) {
-    checkRoom(promptIds, maxNewTokens, this.context);
+    const limit = room(promptIds, maxNewTokens, this.context);
     if (k < 0 || k > this.kMax) throw new PageError(`k must be between 0 and ${this.kMax}, got ${k}`);
     if (k && source === 'drafter' && !this.manifest.graphs.drafter) throw new PageError('this site has no drafter model');
     const out = { ids: [], steps: 0, accepted: [], stopped: 'max-new-tokens' };
@@ -344,8 +396,8 @@ export class Runtime {
     try {
       for (;;) {
         if (signal?.aborted) { out.stopped = 'stopped'; return out; }
-        // never draft past maxNewTokens: that also keeps every fed position inside the context
-        const kStep = Math.min(k, maxNewTokens - out.ids.length - 1);
+        // never draft past the limit: that also keeps every fed position inside the context
+        const kStep = Math.min(k, limit - out.ids.length - 1);
         let drafts = [];
         if (kStep > 0) {
           drafts = source === 'drafter' ? await this.drafterDraft(promptIds.concat(out.ids), kStep)
@@ -365,10 +417,11 @@ export class Runtime {
           out.ids.push(id);
           decided.push({ id, drafted: i < n });
           if (id === this.eos) out.stopped = 'end-of-sequence';
-          if (id === this.eos || out.ids.length === maxNewTokens) break;
+          else if (out.ids.length === limit) out.stopped = limit < maxNewTokens ? 'context-window' : 'max-new-tokens';
+          if (id === this.eos || out.ids.length === limit) break;
         }
         onStep?.(decided, out);
-        if (out.stopped === 'end-of-sequence' || out.ids.length === maxNewTokens) return out;
+        if (out.stopped === 'end-of-sequence' || out.ids.length === limit) return out;
         token = out.ids[out.ids.length - 1];
       }
     } finally {
@@ -379,13 +432,18 @@ export class Runtime {
   }
 }
 
-export function checkRoom(promptIds, maxNewTokens, context) {
+/**
+ * How many new tokens a decode may produce: maxNewTokens, clamped so that the prompt and its new tokens
+ * fit the context window (as builder/generate.py's `room`). A prompt that leaves no room is an error.
+ */
+export function room(promptIds, maxNewTokens, context) {
   if (promptIds.length < 2) throw new PageError('the prompt is empty');
   if (!Number.isInteger(maxNewTokens) || maxNewTokens < 1) {
     throw new PageError(`max new tokens must be a whole number of at least 1, got ${maxNewTokens}`);
   }
-  if (promptIds.length + maxNewTokens > context) {
-    throw new PageError(`the prompt is ${promptIds.length} tokens; with ${maxNewTokens} new tokens it needs ` +
-      `${promptIds.length + maxNewTokens}, more than the context window of ${context}`);
+  if (promptIds.length >= context) {
+    throw new PageError(`the prompt is ${promptIds.length} tokens, too long for the context window of ${context} ` +
+      `tokens: shorten it by at least ${promptIds.length - context + 1} tokens`);
   }
+  return Math.min(maxNewTokens, context - promptIds.length);
 }
