@@ -41,17 +41,22 @@ def test_builder_checkpoint_loads_in_transformers_with_same_logits_and_tokens(tm
     assert decode_ar(model, prompt, 20, None).ids == hf_greedy(hf, prompt, 20)
 
 
-def test_transformers_checkpoint_loads_in_builder_with_same_logits_and_tokens(tmp_path):
+@pytest.mark.parametrize("kind, tied, theta", [("llama", False, 50000.0), ("qwen2", True, 1e6)])
+def test_transformers_checkpoint_loads_in_builder_with_same_logits_and_tokens(tmp_path, kind, tied, theta):
+    """A Llama, and a Qwen2 (attention biases on q/k/v, tied embeddings, a large rope_theta)."""
     torch.manual_seed(5)
-    cfg = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False, rope_theta=50000.0, rms_norm_eps=1e-6)
-    hf = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # transformers initialises norms to 1; perturb them so a missed weight shows
+    config, model_class = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
+    hf = model_class(config(**SMALL, tie_word_embeddings=tied, rope_theta=theta, rms_norm_eps=1e-6)).eval()
+    with torch.no_grad():  # transformers initialises norms to 1 and biases to 0: perturb them so a missed one shows
         for name, p in hf.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+    assert (kind == "qwen2") == any(name.endswith("bias") for name, _ in hf.named_parameters())
     hf.save_pretrained(tmp_path)
     model = load_llama(tmp_path)
-    assert model.config.rope_theta == 50000.0 and not model.config.tie_word_embeddings
+    assert model.config.rope_theta == theta and model.config.tie_word_embeddings == tied
+    assert model.config.attention_bias == (kind == "qwen2")
     ids = torch.randint(0, SMALL["vocab_size"], (2, 33), generator=torch.Generator().manual_seed(1))
     ours, _, _ = model(ids)
     diff = (ours - hf_logits(hf, ids)).abs().max().item()
