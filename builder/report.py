@@ -71,8 +71,16 @@ def plots(data: dict, out: Path) -> list[str]:
     tasks = list(dict.fromkeys(r["task"] for r in results))
     files = []
 
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    def per_task(name: str, height: float, draw) -> None:
+        """One figure, a panel per task drawn by draw(ax, task), saved as out/name."""
+        fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), height), squeeze=False)
+        for ax, task in zip(axes[0], tasks):
+            draw(ax, task)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        files.append(name)
+
+    def tokens_per_s(ax, task):
         width = 0.27
         for i, mode in enumerate(("ar", "mtp", "drafter")):
             vals = [(best(results, rt, task, mode) or {}).get("tokens_per_s", 0) for rt in runtimes]
@@ -81,12 +89,8 @@ def plots(data: dict, out: Path) -> list[str]:
         ax.set_yscale("log")
         ax.set_title(f"{task}: tokens/s (best k)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "tokens_per_s.png", dpi=110)
-    files.append("tokens_per_s.png")
 
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.4), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    def acceptance(ax, task):
         for mode in ("mtp", "drafter"):
             rows = [r for r in results if r["task"] == task and r["mode"] == mode and r["runtime"] == runtimes[0]]
             if rows:
@@ -96,12 +100,8 @@ def plots(data: dict, out: Path) -> list[str]:
         ax.set_xlabel("draft position")
         ax.set_title(f"{task}: share of steps accepting draft i")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance.png", dpi=110)
-    files.append("acceptance.png")
 
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    def speed_vs_k(ax, task):
         for rt in runtimes:
             for mode, style in (("mtp", "-"), ("drafter", ":")):
                 rows = sorted((r for r in results if (r["runtime"], r["task"], r["mode"]) == (rt, task, mode)),
@@ -113,9 +113,10 @@ def plots(data: dict, out: Path) -> list[str]:
         ax.set_xlabel("k (drafts per step)")
         ax.set_title(f"{task}: speed over plain decoding")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "speed_vs_k.png", dpi=110)
-    files.append("speed_vs_k.png")
+
+    per_task("tokens_per_s.png", 3.6, tokens_per_s)
+    per_task("acceptance.png", 3.4, acceptance)
+    per_task("speed_vs_k.png", 3.6, speed_vs_k)
     plt.close("all")
     return files
 

@@ -47,12 +47,11 @@ if (globalThis.GPUDevice) {
 """
 
 
-def rejection(page: Page, options: dict | str) -> str:
-    """The message generate() rejects with (fails if it resolves). A string is a JS expression for the options."""
-    expr = options if isinstance(options, str) else None
+def rejection(page: Page, options: dict) -> str:
+    """The message generate(options) rejects with (fails if it resolves)."""
     return page.page.evaluate(
-        "async ([o, expr]) => { try { await window.frozenMTP.generate(expr ? eval(expr) : o); return 'resolved'; }"
-        " catch (e) { return `${e.constructor.name}: ${e.message}`; } }", [None if expr else options, expr])
+        "async (o) => { try { await window.frozenMTP.generate(o); return 'resolved'; }"
+        " catch (e) { return `${e.constructor.name}: ${e.message}`; } }", options)
 
 
 @pytest.fixture(scope="module")

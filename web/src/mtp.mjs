@@ -122,6 +122,7 @@ export class Runtime {
     this.trace = null;               // set to [] to record every run's inputs and outputs
     this.bufferIds = new WeakMap();
     this.gpuTensors = new Set();     // every GPU tensor a run returned and nobody disposed yet
+    this.watched = null;             // the WebGPU device watched for loss (WebGPU only)
     this.lost = null;                // once the WebGPU device is lost: its GPUDeviceLostInfo
     this.onLost = null;              // called once, with that info
   }
