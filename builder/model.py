@@ -89,13 +89,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+    def forward(self, x):  # in fp32 whatever x's dtype (as transformers does): fp16 squares overflow
+        x32 = x.to(torch.float32)
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
     """cos and sin for the given positions (T,), each (T, head_dim), in Hugging Face's half-split layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, head_dim)
     return emb.cos(), emb.sin()
@@ -125,7 +126,7 @@ def attend(q, k, v, past_len: int):
     # Written out rather than F.scaled_dot_product_attention: its export guards the softmax with IsNaN,
     # which onnxruntime-web runs on the CPU, downloading every layer's attention weights each step.
     att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, Hq, T, S)
-    att = att.masked_fill(future, float("-inf")).softmax(dim=-1)
+    att = att.masked_fill(future, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     return (att @ v).transpose(1, 2)  # (B, T, Hq, D)
 
 
@@ -214,9 +215,9 @@ class Llama(nn.Module):
         """
         past_len = past[0][0].shape[1] if past else 0
         T = input_ids.shape[1]
-        cos, sin = rope_cos_sin(torch.arange(past_len, past_len + T, device=input_ids.device),
-                                self.config.head_dim, self.config.rope_theta)
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
+        cos, sin = (t.to(x.dtype) for t in rope_cos_sin(torch.arange(past_len, past_len + T, device=input_ids.device),
+                                                         self.config.head_dim, self.config.rope_theta))
         present = []
         for i, layer in enumerate(self.model.layers):
             x, kv = layer(x, cos, sin, past[i] if past else None)
@@ -248,6 +249,9 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     path = Path(directory) / "model.safetensors"
+    if not path.is_file() and (Path(directory) / "model.safetensors.index.json").is_file():
+        raise CheckpointError(f"{directory} holds a sharded checkpoint (model.safetensors.index.json): builder reads "
+                              f"one model.safetensors; save it unsharded (save_pretrained(..., max_shard_size='100GB'))")
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:

@@ -57,7 +57,7 @@ def base_fingerprint(base: Llama) -> str:
     h = hashlib.sha256()
     for name, t in sorted(base.state_dict().items()):
         h.update(f"{name}:{tuple(t.shape)};".encode())
-        h.update(t.detach().to(torch.float32).contiguous().numpy().tobytes())
+        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -87,7 +87,7 @@ class HeadAttention(nn.Module):
         s_base = torch.einsum("bnkgd,bskd->bnkgs", q, base_k)                   # (B, N, n_kv, g, S)
         s_base = s_base.masked_fill(~base_mask[None, :, None, None, :], float("-inf"))
         s_own = torch.einsum("bnkgd,bnjkd->bnkgj", q, ko)                       # (B, N, n_kv, g, J)
-        p = torch.cat((s_base, s_own), dim=-1).softmax(dim=-1)
+        p = torch.cat((s_base, s_own), dim=-1).softmax(dim=-1, dtype=torch.float32).to(x.dtype)
         S = base_k.shape[1]
         y = torch.einsum("bnkgs,bskd->bnkgd", p[..., :S], base_v) + torch.einsum("bnkgj,bnjkd->bnkgd", p[..., S:], vo)
         return self.o_proj(y.reshape(B, N, -1))
@@ -109,7 +109,7 @@ class MTPHead(nn.Module):
 
     def step(self, hidden, token_embed, positions, base_k, base_v, base_mask, chain):
         """One draft for every anchor: hidden, token_embed (B, N, C) at positions (N,) -> new hidden (B, N, C)."""
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = (t.to(hidden.dtype) for t in rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta))
         z = self.fc(torch.cat((self.norm_embed(token_embed), self.norm_hidden(hidden)), dim=-1))
         z = z + self.self_attn(self.input_layernorm(z), cos, sin, base_k, base_v, base_mask, chain)
         z = z + self.mlp(self.post_attention_layernorm(z))
@@ -129,8 +129,8 @@ class MTPHead(nn.Module):
         masked out, as if the cache had been rolled back to it."""
         S = base_k.shape[1]
         if anchor is None:
-            anchor = torch.arange(S - 1, S)
-        mask = (torch.arange(S) <= anchor)[None]  # (1, S)
+            anchor = torch.arange(S - 1, S, device=base_k.device)
+        mask = (torch.arange(S, device=base_k.device) <= anchor)[None]  # (1, S)
         tok, chain, logits = token, [], []
         for j in range(1, k + 1):
             hidden = self.step(hidden, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chain)
