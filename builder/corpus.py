@@ -47,6 +47,41 @@ def load_corpus(root: Path = DOC_SOURCES) -> Corpus:
     return Corpus(train, [p for p in val if p not in seen], (n[0], n[1]))
 
 
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+MIN_WORDS = 8  # a paragraph of the user's text needs this many words to be used
+
+
+def load_text_corpus(path: Path) -> Corpus:
+    """The user's own text (`train-head --data PATH`): a UTF-8 text file, or a directory of .txt, .md and
+    .rst files (searched recursively). Paragraphs are the blocks between blank lines, whitespace
+    collapsed, of at least MIN_WORDS words. Every VALIDATION_EVERY-th paragraph is held back (never
+    trained on, and dropped if the same text is also in the training part)."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+    elif path.is_file():
+        files = [path]
+    else:
+        raise DataError(f"--data {path}: no such file or directory")
+    if not files:
+        raise DataError(f"--data {path}: no {', '.join(TEXT_SUFFIXES)} files in it")
+    paragraphs = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{f} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        blocks = (" ".join(b.split()) for b in re.split(r"\n\s*\n", text))
+        paragraphs += [b for b in blocks if len(b.split()) >= MIN_WORDS]
+    train = [p for i, p in enumerate(paragraphs) if i % VALIDATION_EVERY]
+    seen = set(train)
+    val = [p for i, p in enumerate(paragraphs) if i % VALIDATION_EVERY == 0 and p not in seen]
+    if len(train) < 20 or len(val) < 2:
+        raise DataError(f"--data {path}: {len(paragraphs)} paragraphs of at least {MIN_WORDS} words, too few to "
+                        f"train on and hold back (need at least 40, separated by blank lines)")
+    return Corpus(train, val, (len(files), len(files)))
+
+
 _ROLE = re.compile(r":[\w:.-]+:`(?:~|!)?([^`<]*?)\s*(?:<[^`>]*>)?`")  # :func:`~a.b <x>` -> a.b
 _LINK = re.compile(r"`([^`<]+?)\s*(?:<[^`>]*>)?`__?")                 # `text <url>`_ -> text
 _LITERAL = re.compile(r"``(.+?)``")
@@ -159,8 +194,9 @@ def validation_prompts(corpus: Corpus, n_per_task: int, seed: int = 1) -> list[d
     typos (its correct form under "expected").
     """
     rng = random.Random(seed)
-    paragraphs = rng.sample(corpus.validation, n_per_task)
+    paragraphs = rng.sample(corpus.validation, min(n_per_task, len(corpus.validation)))
     out = [{"prompt": " ".join(p.split()[: rng.randint(6, 14)]), "task": "continue"} for p in paragraphs]
-    pairs = rng.sample(proofread_pairs(corpus.validation, seed), n_per_task)
+    pairs = proofread_pairs(corpus.validation, seed)
+    pairs = rng.sample(pairs, min(n_per_task, len(pairs)))
     out += [{"prompt": typo, "task": "proofread", "expected": fixed} for typo, fixed in pairs]
     return out

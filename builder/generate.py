@@ -44,8 +44,9 @@ STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
 def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
     """How many new tokens decoding may produce: max_new_tokens, clamped so that the prompt and its new
     tokens fit the context window. A prompt that leaves no room for one new token is an error."""
-    if len(prompt_ids) < 2:
-        raise PromptError("the prompt is empty")
+    if len(prompt_ids) < 2:  # with a marker or BOS first, only a model without either meets this with text
+        raise PromptError("the prompt is empty" if not prompt_ids else
+                          "the prompt is a single token: decoding needs at least two, write a little more")
     if max_new_tokens < 1:
         raise PromptError(f"max new tokens must be at least 1, got {max_new_tokens}")
     if len(prompt_ids) >= context:

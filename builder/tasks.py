@@ -1,15 +1,25 @@
 """The two tasks and their one prompt format, shared by training, Python decoding and the site.
 
-A prompt is the task's marker token, the user's text, then the task's separator (if any):
+A prompt is the task's prefix ids, the ids of the user's text, then the task's suffix ids. With
+builder's own tokenizer (models/base) the prefix and suffix are marker tokens:
 
     continue:   <|continue|>{text}                 the model continues the text
     proofread:  <|proofread|>{text}<|fix|>         the model writes the corrected sentence, then <|endoftext|>
 
-Special tokens are encoded by id, never parsed out of the user's text, so a user who types
-"<|fix|>" gets those characters, not the marker. Text is encoded as the code points it holds (control
-characters, right-to-left marks and all); a lone surrogate (half of a UTF-16 pair, which no UTF-8 text
-can hold: it comes from broken JSON escapes or undecodable command-line bytes) is replaced by U+FFFD,
-as the page does with String.prototype.toWellFormed.
+Any other tokenizer (a user's own Llama-family checkpoint) has no such markers: the prompt is plain
+text, after the model's beginning-of-sequence token when its config names one:
+
+    continue:   [bos]{text}
+    proofread:  [bos]Correct the spelling mistakes in this sentence.\nSentence: {text}\nCorrected:
+
+`load_tokenizer` works the format out once and keeps it on the tokenizer (`tok.tasks`); the export
+writes the same ids into the manifest, so the page builds the same prompts.
+
+Special tokens are never parsed out of the user's text, so a user who types "<|fix|>" gets those
+characters, not the marker. Text is encoded as the code points it holds (control characters,
+right-to-left marks and all); a lone surrogate (half of a UTF-16 pair, which no UTF-8 text can hold:
+it comes from broken JSON escapes or undecodable command-line bytes) is replaced by U+FFFD, as the
+page does with String.prototype.toWellFormed.
 """
 from __future__ import annotations
 
@@ -21,10 +31,15 @@ from tokenizers import Tokenizer
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|continue|>", "<|proofread|>", "<|fix|>"]
 
-# task -> (marker before the text, separator after it)
+# task -> (marker before the text, separator after it): builder's own tokenizer
 TASKS: dict[str, tuple[str, str | None]] = {
     "continue": ("<|continue|>", None),
     "proofread": ("<|proofread|>", "<|fix|>"),
+}
+# task -> (text before the user's text, text after it): any other tokenizer
+TEXT_TASKS: dict[str, tuple[str, str]] = {
+    "continue": ("", ""),
+    "proofread": ("Correct the spelling mistakes in this sentence.\nSentence: ", "\nCorrected:"),
 }
 
 
@@ -33,7 +48,10 @@ class PromptError(ValueError):
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    from .model import CheckpointError
+    """The checkpoint's tokenizer.json, with its task prompt formats in `tok.tasks` (see above): the
+    marker format when it has builder's special tokens, else the text format, after the
+    beginning-of-sequence id of the checkpoint's config.json (if it has one)."""
+    from .model import CheckpointError, load_config
 
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
@@ -42,11 +60,26 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception for malformed files
         raise CheckpointError(f"{path} is not a valid tokenizer.json: {e}") from None
-    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
-    if missing:
-        raise CheckpointError(f"{path} lacks the special tokens {missing}")
     tok.encode_special_tokens = True  # "<|fix|>" typed by a user is text, not the marker
+    bos = load_config(directory).get("bos_token_id") if (Path(directory) / "config.json").is_file() else None
+    tok.tasks = prompt_formats(tok, bos[0] if isinstance(bos, list) else bos)
     return tok
+
+
+def prompt_formats(tok: Tokenizer, bos_id: int | None) -> dict[str, dict[str, list[int]]]:
+    """task -> {"prefix": ids before the user's text, "suffix": ids after it}."""
+    ids = tok.token_to_id
+    if all(ids(t) is not None for t in SPECIAL_TOKENS):
+        return {task: {"prefix": [ids(marker)], "suffix": [ids(sep)] if sep else []}
+                for task, (marker, sep) in TASKS.items()}
+    bos = [bos_id] if bos_id is not None else []
+    return {task: {"prefix": bos + encode_text(tok, before), "suffix": encode_text(tok, after)}
+            for task, (before, after) in TEXT_TASKS.items()}
+
+
+def special_tokens(tok: Tokenizer) -> dict[str, int]:
+    """The tokenizer's special tokens (left out of decoded text), by content."""
+    return {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -67,9 +100,8 @@ def encode_prompt(tok: Tokenizer, task: str, text: str) -> list[int]:
         raise PromptError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
     if not text.strip():
         raise PromptError("the prompt is empty")
-    marker, sep = TASKS[task]
-    ids = [tok.token_to_id(marker)] + encode_text(tok, text)
-    return ids + [tok.token_to_id(sep)] if sep else ids
+    fmt = tok.tasks[task]
+    return fmt["prefix"] + encode_text(tok, text) + fmt["suffix"]
 
 
 def decode(tok: Tokenizer, ids: list[int]) -> str:

@@ -10,11 +10,19 @@
    The chain is fed the base's tokens, not the head's own drafts: a draft only matters when every draft
    before it was accepted, i.e. equal to the base's token, so on every chain that counts the two agree.
 3. The base's parameters have requires_grad off and are checked bit-for-bit unchanged at the end.
+
+Data: the built-in corpus (the Python docs) or the user's own text files (`--data`, builder/corpus.py),
+whose held-back paragraphs give the final tau table. Runs on CUDA when there is one, else the CPU.
+Every `checkpoint_every` steps, and on Ctrl-C, the head, the optimizer and the step are saved in
+HEAD_DIR/checkpoint/ (with the distilled data); a later run with the same settings, base and data
+resumes there and ends with the same weights as an uninterrupted run.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import shutil
 import random
 import time
 from collections import defaultdict
@@ -25,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .corpus import Corpus, load_corpus, proofread_pairs, validation_prompts
+from .corpus import Corpus, load_corpus, load_text_corpus, proofread_pairs, validation_prompts
 from .generate import TorchBackend, compare_to_reference, decode, decode_ar
 from .model import Llama, load_llama
 from .mtp import HeadConfig, MTPHead, base_fingerprint, save_head
@@ -44,6 +52,7 @@ class HeadTrainConfig:
     warmup: int = 50
     weight_decay: float = 0.0
     eval_prompts: int = 60        # validation prompts per task for the tau table
+    checkpoint_every: int = 100   # steps between checkpoints
 
 
 # --- 1. the base's own continuations --------------------------------------------------------------
@@ -52,12 +61,13 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
     """Prompt ids of both tasks from the training split: continue prefixes of 4-40 tokens, proofread pairs."""
     rng = random.Random(seed)
     prompts = []
-    cont = encode_prompt(tok, "continue", "x")[0]
-    for text in rng.sample(corpus.train, n):
+    prefix = tok.tasks["continue"]["prefix"]
+    for text in rng.sample(corpus.train, min(n, len(corpus.train))):
         ids = encode_text(tok, text)
-        prompts.append([cont] + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
+        prompts.append(prefix + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
     # fresh typos (another seed than the base's training pairs): the base has not memorised these fixes
-    for typo, _ in rng.sample(proofread_pairs(corpus.train, seed + 1000), n):
+    pairs = proofread_pairs(corpus.train, seed + 1000)
+    for typo, _ in rng.sample(pairs, min(n, len(pairs))):
         prompts.append(encode_prompt(tok, "proofread", typo))
     return prompts
 
@@ -70,15 +80,16 @@ def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int,
         by_len[len(p)].append(p)
     out = []
     groups = [g[i:i + batch] for g in by_len.values() for i in range(0, len(g), batch)]
+    device = next(base.parameters()).device
     for group in tqdm(groups, desc="self-distillation data", unit="batch"):
-        ids = torch.tensor(group)
+        ids = torch.tensor(group, device=device)
         room = min(new_tokens, base.config.max_position_embeddings - ids.shape[1])
         logits, _, cache = base(ids)
         seqs = [ids]
         for _ in range(room):
             nxt = logits[:, -1].argmax(-1, keepdim=True)
             seqs.append(nxt)
-            if bool((torch.cat(seqs[1:], 1) == eos).any(1).all()):
+            if eos is not None and bool((torch.cat(seqs[1:], 1) == eos).any(1).all()):
                 break
             logits, _, cache = base(nxt, cache)
         full = torch.cat(seqs, 1).tolist()
@@ -102,12 +113,12 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
     with torch.no_grad():
         _, hidden, cache = base(seqs)
     base_k, base_v = cache[head.config.kv_layer]
-    mask = torch.ones(N, N, dtype=torch.bool).tril()  # anchor t reads base positions <= t
+    mask = torch.ones(N, N, dtype=torch.bool, device=seqs.device).tril()  # anchor t reads base positions <= t
     embed = base.model.embed_tokens
     h, chain, total, stats = hidden, [], 0.0, []
     pad = lambda t, j: F.pad(t[:, j:], (0, j))  # noqa: E731  shift left by j, zero-padded
     for j in range(1, k + 1):
-        h = head.step(h, embed(pad(seqs, j)), torch.arange(N) + j, base_k, base_v, mask, chain)
+        h = head.step(h, embed(pad(seqs, j)), torch.arange(N, device=seqs.device) + j, base_k, base_v, mask, chain)
         logits = base.lm_head(h)  # (B, N, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
         loss = F.cross_entropy(logits[ok], target[ok]) if ok.any() else logits.sum() * 0
@@ -139,14 +150,23 @@ def set_lr(opt, step: int, cfg) -> None:
         group["lr"] = lr
 
 
-def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None):
+def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None,
+               checkpoint: Path | None = None, note=print):
+    """Trains a head on the frozen base (on the base's device). With a checkpoint directory, saves
+    there every cfg.checkpoint_every steps and on Ctrl-C, and resumes from it when it holds a run
+    with the same settings, base and data."""
     torch.manual_seed(cfg.seed)
     for p in base.parameters():
         p.requires_grad_(False)
     before = base_fingerprint(base)
+    device = next(base.parameters()).device
     t0 = time.time()
     eos = base.config.eos_token_id
-    data = greedy_continuations(base, training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed), cfg.new_tokens, eos)
+    prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed)
+    key = {"config": asdict(cfg), "base": before,
+           "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}  # what a resumed run must share
+    saved = resumable(checkpoint, key, note)
+    data = saved["data"] if saved else greedy_continuations(base, prompts, cfg.new_tokens, eos)
     data_seconds = time.time() - t0
 
     head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k))
@@ -155,32 +175,79 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         for name, p in head.named_parameters():
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    head.to(device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
+    first, recent = 0, []
+    if saved:
+        head.load_state_dict(saved["head"])
+        opt.load_state_dict(saved["opt"])
+        first, recent = saved["step"], saved["recent"]
+        for _ in range(first):  # the same batches as an uninterrupted run from here on
+            next(batches)
+    save = lambda step: checkpoint and save_checkpoint(checkpoint, key, data, head, opt, step, recent)  # noqa: E731
     head.train()
-    bar = tqdm(range(cfg.steps), desc="train-head", unit="step")
-    recent = []
-    for step in bar:
-        set_lr(opt, step, cfg)
-        loss, stats = chain_loss(head, base, *next(batches), cfg.k)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        recent = (recent + [(loss.item(), stats)])[-50:]
-        if step % 10 == 0:
-            acc = [sum(s[j][0] for _, s in recent) / max(1, sum(s[j][1] for _, s in recent)) for j in range(cfg.k)]
-            bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}", acc1=f"{acc[0]:.2f}", acck=f"{acc[-1]:.2f}")
+    bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps)
+    done = first  # steps whose update the weights hold
+    try:
+        for step in bar:
+            set_lr(opt, step, cfg)
+            seqs, valid = (t.to(device) for t in next(batches))
+            loss, stats = chain_loss(head, base, seqs, valid, cfg.k)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            done, recent = step + 1, (recent + [(loss.item(), stats)])[-50:]
+            if step % 10 == 0:
+                acc = [sum(s[j][0] for _, s in recent) / max(1, sum(s[j][1] for _, s in recent)) for j in range(cfg.k)]
+                bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}", acc1=f"{acc[0]:.2f}", acck=f"{acc[-1]:.2f}")
+            if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                save(done)
+    except KeyboardInterrupt:
+        bar.close()
+        if save(done):
+            note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
+        raise
     head.eval()
     if base_fingerprint(base) != before:
         raise RuntimeError("the base's weights changed during head training")
     head.config.base_fingerprint = before
-    return head, {"train_config": asdict(cfg), "data_seconds": round(data_seconds),
+    return head, {"train_config": asdict(cfg), "device": str(device), "resumed_at_step": first,
+                  "data_seconds": round(data_seconds),
                   "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data),
                   "distilled_tokens": sum(len(s) - p for p, s in data),
+                  # tokens (prompt and continuation) of the steps this run trained, resumed ones not counted
+                  "trained_tokens": (cfg.steps - first) * cfg.batch_size * sum(len(s) for _, s in data) / len(data),
                   "final_loss": sum(l for l, _ in recent) / len(recent),
                   "head_parameters": head.num_params(), "base_parameters": sum(p.numel() for p in base.parameters()),
                   "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
+
+
+def save_checkpoint(directory: Path, key: dict, data, head: MTPHead, opt, step: int, recent) -> bool:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "state.pt.tmp"
+    torch.save({"key": key, "step": step, "recent": recent, "data": data, "head": head.state_dict(),
+                "opt": opt.state_dict()}, tmp)
+    tmp.replace(directory / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
+    return True
+
+
+def resumable(directory: Path | None, key: dict, note) -> dict | None:
+    """The saved run in directory when it was made with the same settings, base and data."""
+    path = directory / "state.pt" if directory else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: start over rather than fail
+        note(f"ignoring {path}: unreadable ({e})")
+        return None
+    if saved.get("key") != key:
+        note(f"ignoring {path}: it was made with other settings, another base or other data")
+        return None
+    note(f"resuming from {path} at step {saved['step']}")
+    return saved
 
 
 # --- 3. acceptance on validation prompts -----------------------------------------------------------
@@ -209,15 +276,29 @@ def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens
     return table
 
 
-def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig) -> dict:
-    """What `train-head` does: distil, train, check the base, save, measure, write the model card."""
+def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path | None = None,
+                     device: str | None = None, restart: bool = False, note=print) -> dict:
+    """What `train-head` does: distil, train, check the base, save, measure, write the model card.
+    data: the user's text files (default: the built-in corpus); device: "cuda" when available, else "cpu"."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: the distilled targets need not be bit-exact
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
-    corpus = load_corpus()
-    head, log = train_head(base, tok, corpus, cfg)
+    corpus = load_text_corpus(data) if data else load_corpus()
+    checkpoint = out / "checkpoint"
+    if restart and checkpoint.exists():
+        shutil.rmtree(checkpoint)
+    note(f"training a head for {base_dir} on {device}, data: {data or 'the built-in corpus (Python docs)'}")
+    head, log = train_head(base.to(device), tok, corpus, cfg, checkpoint=checkpoint, note=note)
+    base, head = base.cpu(), head.cpu()
+    log.update(base=str(base_dir), data=str(data or "built-in corpus"))
     save_head(head, out)
-    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), range(1, 7), head=head)
+    note(f"measuring tau on {cfg.eval_prompts} held-back prompts per task")
+    prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)))
+    log["acceptance"] = measure_acceptance(base, tok, prompts, range(1, head.config.k_train + 1), head=head)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log, head.config)
+    shutil.rmtree(checkpoint, ignore_errors=True)  # the head is saved: nothing left to resume
     return log
 
 
@@ -227,9 +308,10 @@ def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
         f"| {r['task']} | {r['k']} | {r['tau']:.2f} | " + " ".join(f"{a:.2f}" for a in r["accept_by_position"])
         + f" | {r['prompts']} | {r['mismatches']} | {r['near_ties']} |" for r in acc.values())
     t = log["train_config"]
-    (out / "README.md").write_text(f"""# Frozen MTP head for `models/base`
+    base = log.get("base", "models/base")
+    (out / "README.md").write_text(f"""# Frozen MTP head for `{base}`
 
-A multi-token-prediction head trained on the **frozen** base in `models/base` (fingerprint
+A multi-token-prediction head trained on the **frozen** base in `{base}` (fingerprint
 `{hc.base_fingerprint[:16]}...` in `config.json`; loading it against another base fails). Reproduce it
 with `python -m builder train-head` (seeded).
 

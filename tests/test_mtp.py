@@ -81,24 +81,66 @@ def test_head_trained_for_another_base_is_refused(base, tmp_path):
                  "another base")
 
 
-def test_training_never_changes_the_base(corpus, tmp_path):
+def tiny_setup(corpus):
+    """A tiny random base, its tokenizer and a small corpus: head training in seconds."""
+    from builder.tasks import prompt_formats
     from builder.train_base import train_tokenizer
 
     small = Corpus(corpus.train[:200], corpus.validation[:20], corpus.files)
     tok = train_tokenizer(small.train, 300)
     tok.encode_special_tokens = True
+    tok.tasks = prompt_formats(tok, None)
     cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96, eos_token_id=0)
     tiny = Llama(cfg)
     tiny.init_weights(seed=0)
+    return tiny.eval(), tok, small
+
+
+def test_training_never_changes_the_base(corpus, tmp_path):
+    tiny, tok, small = tiny_setup(corpus)
     state = {k: v.clone() for k, v in tiny.state_dict().items()}
-    head, log = train_head(tiny.eval(), tok, small, HeadTrainConfig(prompts_per_task=6, new_tokens=8, steps=3,
-                                                                     batch_size=4, k=3))
+    head, log = train_head(tiny, tok, small, HeadTrainConfig(prompts_per_task=6, new_tokens=8, steps=3,
+                                                             batch_size=4, k=3))
     assert all(torch.equal(state[k], v) for k, v in tiny.state_dict().items()), "the base's weights changed"
     assert not any(p.grad is not None for p in tiny.parameters()), "the base received gradients"
     assert head.config.base_fingerprint == base_fingerprint(tiny)
     save_head(head, tmp_path)
     assert load_head(tmp_path, tiny).config.k_train == 3
+
+
+def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch):
+    """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
+    uninterrupted run. A run with other settings ignores the checkpoint."""
+    import builder.train_head as th
+
+    tiny, tok, small = tiny_setup(corpus)
+    cfg = HeadTrainConfig(prompts_per_task=8, new_tokens=8, steps=8, batch_size=4, k=3, checkpoint_every=3)
+    straight, _ = train_head(tiny, tok, small, cfg)
+
+    calls, real_loss = [], th.chain_loss
+
+    def interrupt_at_fifth_step(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_loss(*args)
+
+    notes = []
+    monkeypatch.setattr(th, "chain_loss", interrupt_at_fifth_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(tiny, tok, small, cfg, checkpoint=tmp_path, note=notes.append)
+    monkeypatch.setattr(th, "chain_loss", real_loss)
+    assert "saved the run after step 4" in notes[-1] and (tmp_path / "state.pt").is_file()
+
+    resumed, log = train_head(tiny, tok, small, cfg, checkpoint=tmp_path, note=notes.append)
+    assert log["resumed_at_step"] == 4 and "resuming" in notes[-1]
+    for name, t in straight.state_dict().items():
+        assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"
+
+    other = HeadTrainConfig(**{**cfg.__dict__, "lr": cfg.lr / 2})
+    _, log = train_head(tiny, tok, small, other, checkpoint=tmp_path, note=notes.append)
+    assert log["resumed_at_step"] == 0 and "other settings" in notes[-1]
 
 
 def test_cli_mtp_json_reports_steps_and_acceptance():
