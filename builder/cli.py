@@ -55,6 +55,9 @@ def build_parser() -> Parser:
                         "when the prompt and its new tokens fill the context window (JSON field `stopped`)")
     g.add_argument("--backend", default="torch", choices=["torch", "onnx"],
                    help="torch: the PyTorch modules; onnx: the exported ONNX graphs with onnxruntime on the CPU")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16"],
+                   help="--backend onnx: the fp32 graphs or their fp16 variants (what the page runs on WebGPU "
+                        "with shader-f16); the exactness rule compares within one precision")
     g.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export that --backend onnx runs (base.onnx, head.onnx, manifest.json); "
                         "exported there from --base (and --head in mode mtp) when it is missing or was "
@@ -69,7 +72,8 @@ def build_parser() -> Parser:
     b = sub.add_parser("build", help="export the models to ONNX and render the static site")
     b.add_argument("--base", default="models/base", help="base checkpoint directory")
     b.add_argument("--head", default="models/mtp", help="MTP head directory")
-    b.add_argument("--drafter", default="models/drafter", help="independent drafter directory")
+    b.add_argument("--drafter", help="independent drafter directory (default: models/drafter with the default "
+                                     "--base; none for another base: the page then offers ar and mtp); 'none': no drafter")
     b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
     b.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export the site copies; exported there first when missing or stale")
@@ -83,6 +87,17 @@ def build_parser() -> Parser:
     h.add_argument("--head", default="models/mtp", help="where the trained head is written")
     h.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped head's)")
     h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--data", type=Path, help="your own training text: a UTF-8 file, or a directory of .txt/.md/.rst "
+                                             "files (paragraphs between blank lines; 1 in 20 held back for the tau "
+                                             "report). Default: the built-in corpus (the Python docs)")
+    h.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
+    h.add_argument("--prompts-per-task", type=positive_int, help="self-distillation prompts per task (default 6000)")
+    h.add_argument("--batch-size", type=positive_int, help="sequences per step (default 16)")
+    h.add_argument("--eval-prompts", type=positive_int, help="held-back prompts per task for the tau report (default 60)")
+    h.add_argument("--checkpoint-every", type=positive_int,
+                   help="steps between checkpoints in HEAD/checkpoint/ (default 100; also saved on Ctrl-C). "
+                        "A run with the same settings, base and data resumes from it")
+    h.add_argument("--restart", action="store_true", help="discard a checkpoint in HEAD/checkpoint/ and start over")
     r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
     r.add_argument("--base", default="models/base", help="base checkpoint directory")
     r.add_argument("--head", default="models/mtp", help="MTP head directory")
@@ -145,9 +160,11 @@ def cmd_generate(args) -> None:
     if args.mode != "ar" and not 1 <= args.k <= 16:
         raise PromptError(f"--k must be between 1 and 16, got {args.k}")
     base_dir = Path(args.base)
+    if args.precision != "fp32" and args.backend != "onnx":
+        raise PromptError(f"--precision {args.precision} needs --backend onnx (the torch backend runs fp32)")
     if args.backend == "onnx":
         backend = open_onnx(base_dir, Path(args.head) if args.mode == "mtp" else None, Path(args.onnx_dir),
-                            Path(args.drafter) if args.mode == "drafter" else None)
+                            Path(args.drafter) if args.mode == "drafter" else None, args.precision)
         eos = backend.manifest["eos_token_id"]
         if args.mode == "mtp" and args.k > backend.k_max:
             raise PromptError(f"--k must be at most {backend.k_max} with --backend onnx "
@@ -176,7 +193,8 @@ def cmd_generate(args) -> None:
         text = decode_text(tok, out.ids)
         if args.json:
             print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
-                              "backend": args.backend, "prompt_ids": prompt_ids, "ids": out.ids, "text": text,
+                              "backend": args.backend, "precision": args.precision, "prompt_ids": prompt_ids,
+                              "ids": out.ids, "text": text,
                               "steps": out.steps, "accepted": out.accepted, "stopped": out.stopped,
                               "margins": out.margins if args.mode == "ar" else [],
                               "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
@@ -185,21 +203,24 @@ def cmd_generate(args) -> None:
             sys.stderr.write(f"[{STOP_NOTES[out.stopped].format(context=backend.context)}]\n")
 
 
-def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path, drafter_dir: Path | None = None):
+def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path, drafter_dir: Path | None = None,
+              precision: str = "fp32"):
     """The ONNX backend over onnx_dir, exported there first unless it already is these checkpoints' export."""
     from .export import export, is_export_of
     from .onnx_backend import OnnxBackend
 
     if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
         export(base_dir, head_dir, onnx_dir, note=lambda msg: sys.stderr.write(msg + "\n"), drafter_dir=drafter_dir)
-    return OnnxBackend(onnx_dir, with_head=head_dir is not None, with_drafter=drafter_dir is not None)
+    return OnnxBackend(onnx_dir, with_head=head_dir is not None, with_drafter=drafter_dir is not None,
+                       precision=precision)
 
 
 def cmd_build(args) -> None:
     from .site import build
 
-    build(Path(args.base), Path(args.head), Path(args.drafter), Path(args.out), Path(args.onnx_dir),
-          note=lambda msg: sys.stderr.write(msg + "\n"))
+    drafter = args.drafter or ("models/drafter" if Path(args.base) == Path("models/base") else "none")
+    build(Path(args.base), Path(args.head), None if drafter == "none" else Path(drafter), Path(args.out),
+          Path(args.onnx_dir), note=lambda msg: sys.stderr.write(msg + "\n"))
     print(f"built {args.out}: serve it with `python -m builder serve --dir {args.out}`")
 
 
@@ -221,12 +242,22 @@ def cmd_train_base(args) -> None:
 
 
 def cmd_train_head(args) -> None:
+    import torch
+
     from .train_head import HeadTrainConfig, train_and_report
 
-    cfg = HeadTrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
-    log = train_and_report(Path(args.base), Path(args.head), cfg)
-    k4 = {t: log["acceptance"][f"{t}/k=4"]["tau"] for t in TASKS}
-    print(f"wrote {args.head}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
+    options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
+               "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every}
+    cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
+    log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
+                           restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))
+    print(f"wrote {args.head} ({log['train_seconds']} s of training on {log['device']}, "
+          f"{log['trained_tokens'] / 1e6:.3g} M tokens); tau on held-back text:")
+    for row in log["acceptance"].values():
+        print(f"  {row['task']:9} k={row['k']}  tau {row['tau']:.2f}  acceptance by position "
+              + " ".join(f"{a:.2f}" for a in row["accept_by_position"]))
 
 
 def cmd_bench(args) -> None:

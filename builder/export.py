@@ -21,6 +21,10 @@ small wrappers that only rename and flatten:
                 head drafts from the anchor the acceptance rule picked, over the present cache masked to
                 the accepted prefix). The head graph is then needed only for the first step.
 
+Every graph but the step graph is also exported in half precision (`*.fp16.onnx`, `graph["fp16"]`
+in the manifest): the same modules cast to fp16, every float input and output float16; RMSNorm and the
+softmax compute in fp32 inside, as transformers does. The page runs them where WebGPU has shader-f16.
+
 The head graph carries its own copy of the base's embedding and LM head (an ONNX session cannot read
 another session's weights). Logits are never an output: the decode loop reads only token ids.
 
@@ -31,6 +35,7 @@ the sha256 of the checkpoint files it was exported from.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -43,7 +48,7 @@ import torch.nn as nn
 from .generate import greedy
 from .model import CheckpointError, Llama, load_llama
 from .mtp import MTPHead, load_head
-from .tasks import SPECIAL_TOKENS, TASKS, load_tokenizer
+from .tasks import load_tokenizer, special_tokens
 
 MANIFEST = "manifest.json"
 FORMAT = "frozen-mtp-onnx/1"
@@ -124,23 +129,28 @@ def io(name: str, dtype: str, shape: list, location: str | None = None) -> dict:
     return d
 
 
+def float_type(module: nn.Module) -> str:
+    """The ONNX name of a module's float type: its graphs' float inputs and outputs have this type."""
+    return str(next(module.parameters()).dtype).removeprefix("torch.").replace("half", "float16")
+
+
 def base_io(base: Llama) -> dict:
-    cfg = base.config
+    cfg, fl = base.config, float_type(base)
     kv = [cfg.num_key_value_heads, cfg.head_dim]
     layers = range(cfg.num_hidden_layers)
-    past = [io(f"past_{kind}_{i}", "float32", [1, "S", *kv]) for i in layers for kind in ("key", "value")]
-    present = [io(f"present_{kind}_{i}", "float32", [1, "S + T", *kv], "gpu") for i in layers for kind in ("key", "value")]
+    past = [io(f"past_{kind}_{i}", fl, [1, "S", *kv]) for i in layers for kind in ("key", "value")]
+    present = [io(f"present_{kind}_{i}", fl, [1, "S + T", *kv], "gpu") for i in layers for kind in ("key", "value")]
     return {"inputs": [io("input_ids", "int64", [1, "T"])] + past,
-            "outputs": [io("choices", "int64", [1, "T"], "cpu"), io("margins", "float32", [1, "T"], "cpu"),
-                        io("hidden", "float32", [1, "T", cfg.hidden_size], "gpu")] + present}
+            "outputs": [io("choices", "int64", [1, "T"], "cpu"), io("margins", fl, [1, "T"], "cpu"),
+                        io("hidden", fl, [1, "T", cfg.hidden_size], "gpu")] + present}
 
 
 def head_io(head: MTPHead, k: int) -> dict:
-    cfg = head.config
+    cfg, fl = head.config, float_type(head)
     kv = [cfg.num_key_value_heads, cfg.head_dim]
-    return {"inputs": [io("hidden", "float32", [1, "T", cfg.hidden_size]), io("anchor", "int64", [1]),
-                       io("token", "int64", [1, 1]), io("past_key", "float32", [1, "S", *kv]),
-                       io("past_value", "float32", [1, "S", *kv])],
+    return {"inputs": [io("hidden", fl, [1, "T", cfg.hidden_size]), io("anchor", "int64", [1]),
+                       io("token", "int64", [1, 1]), io("past_key", fl, [1, "S", *kv]),
+                       io("past_value", fl, [1, "S", *kv])],
             "outputs": [io("drafts", "int64", [1, k], "cpu")]}
 
 
@@ -149,6 +159,11 @@ def step_io(base: Llama, head: MTPHead) -> dict:
     outputs = spec["outputs"]
     extra = [io("accepted", "int64", [1], "cpu"), io("drafts", "int64", [1, head.config.k_train], "cpu")]
     return {"inputs": spec["inputs"], "outputs": outputs[:3] + extra + outputs[3:]}
+
+
+def graph_files(graph: dict) -> list[str]:
+    """A graph's files: fp32, and fp16 where it has one."""
+    return [graph["file"], *([graph["fp16"]["file"]] if "fp16" in graph else [])]
 
 
 def names(spec: list[dict]) -> list[str]:
@@ -171,7 +186,8 @@ def export_base(base: Llama, path: Path) -> dict:
     S = torch.export.Dim("S", min=0, max=cfg.max_position_embeddings)
     # example sizes >= 2 on every dynamic axis, or the exporter specialises the axis
     ids = torch.zeros(1, 3, dtype=torch.long)
-    past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim) for _ in range(2 * cfg.num_hidden_layers)]
+    dtype = next(base.parameters()).dtype
+    past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_hidden_layers)]
     spec = base_io(base)
     export_graph(BaseGraph(base), (ids, past), spec, ({1: T}, [{1: S}] * len(past)), path)
     return spec
@@ -181,8 +197,9 @@ def export_head(head: MTPHead, base: Llama, path: Path, k: int) -> dict:
     cfg = base.config
     T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
     S = torch.export.Dim("S", min=1, max=cfg.max_position_embeddings)
-    hidden = torch.zeros(1, 3, cfg.hidden_size)
-    kv = torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim)
+    dtype = next(head.parameters()).dtype
+    hidden = torch.zeros(1, 3, cfg.hidden_size, dtype=dtype)
+    kv = torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
     args = (hidden, torch.tensor([2]), torch.tensor([[1]]), kv, kv.clone())
     spec = head_io(head, k)
     export_graph(HeadGraph(head, base, k), args, spec, ({1: T}, None, None, {1: S}, {1: S}), path)
@@ -200,9 +217,10 @@ def export_step(head: MTPHead, base: Llama, path: Path) -> dict:
     return spec
 
 
-def export(base_dir: Path, head_dir: Path | None, out: Path, note=None, drafter_dir: Path | None = None) -> dict:
+def export(base_dir: Path, head_dir: Path | None, out: Path, note=None, drafter_dir: Path | None = None,
+           fp16: bool = True) -> dict:
     """Exports base (and head, drafter, when their directories are given) from their checkpoints into out/,
-    with manifest.json.
+    with manifest.json; with fp16, also every graph but the step graph in half precision (graph["fp16"]).
 
     note(message) is called once the checkpoints have loaded, before the (slow) export starts."""
     base_dir, out = Path(base_dir), Path(out)
@@ -253,11 +271,21 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None, drafter_
                         "usage": "an independent language model with the base graph's inputs and outputs: it keeps "
                                  "its own cache of the sequence (prefill, then one run per draft token, "
                                  "choices[0, -1] is the next draft), rolled back by prefix like the base's"}
+    if fp16:  # the same graphs in half precision (the page picks them where WebGPU has shader-f16)
+        base16 = copy.deepcopy(base).half()
+        half = {"base": export_base(base16, out / "base.fp16.onnx")}
+        if head is not None:
+            head16 = copy.deepcopy(head).half()
+            half.update({name: export_head(head16, base16, out / f"{name}.fp16.onnx", k) for k, name in by_k.items()})
+        if drafter is not None:
+            half["drafter"] = export_base(copy.deepcopy(drafter).half(), out / "drafter.fp16.onnx")
+        for name, spec in half.items():
+            graphs[name]["fp16"] = {"file": f"{name}.fp16.onnx", **spec}
     manifest = {
         "format": FORMAT,
         "opset": OPSET,
-        "files": {g["file"]: {"bytes": (out / g["file"]).stat().st_size, "sha256": sha256_file(out / g["file"])}
-                  for g in graphs.values()},
+        "files": {f: {"bytes": (out / f).stat().st_size, "sha256": sha256_file(out / f)}
+                  for g in graphs.values() for f in graph_files(g)},
         "graphs": graphs,
         "context_length": cfg.max_position_embeddings,
         "vocab_size": cfg.vocab_size,
@@ -271,10 +299,14 @@ def export(base_dir: Path, head_dir: Path | None, out: Path, note=None, drafter_
                            "owning tensor alive while a view of it is in use"},
         "head": head_info,
         "drafter": drafter_info,
-        "special_tokens": {t: tok.token_to_id(t) for t in SPECIAL_TOKENS},
+        "precisions": {"fp32": "graph[\"file\"]", "fp16": "graph[\"fp16\"][\"file\"]: the same graph in half "
+                       "precision, every float input and output float16 (KV cache, hidden); for WebGPU adapters "
+                       "with the shader-f16 feature. The exactness rule holds within one precision."}
+                      if fp16 else {"fp32": "graph[\"file\"]"},
+        "special_tokens": special_tokens(tok),
         "eos_token_id": cfg.eos_token_id,
-        "tasks": {name: {"marker": marker, "separator": sep} for name, (marker, sep) in TASKS.items()},
-        "prompt_format": "[marker id] + ids of the user's text (special tokens not parsed) + [separator id, if any]",
+        "tasks": tok.tasks,
+        "prompt_format": "tasks[task].prefix + ids of the user's text (special tokens not parsed) + tasks[task].suffix",
         "source": sources,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -11,6 +11,8 @@ graph's acceptance, which the one decode loop never does); it always drafts K. W
 own cache, one drafter run per draft (builder/drafter.py). Everything it needs to know
 about the graphs - input and output names, KV layout, K, the head's KV layer - comes from
 manifest.json; every file is checked against the manifest's size and sha256 before a session opens.
+precision="fp16" runs the half-precision graphs (onnxruntime on the CPU computes what it has no fp16
+kernel for in fp32, so this checks the graphs and the page's fp16 plumbing, not WebGPU's fp16 rounding).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class OnnxState:
 
 class OnnxBackend:
     def __init__(self, directory: str | Path, with_head: bool = False, fused: bool = False, threads: int = 1,
-                 with_drafter: bool = False):
+                 with_drafter: bool = False, precision: str = "fp32"):
         import onnxruntime as ort
 
         self.directory = Path(directory)
@@ -46,12 +48,18 @@ class OnnxBackend:
             raise CheckpointError(f"{self.directory / 'manifest.json'} has no drafter graph: export with a drafter")
         if with_head and with_drafter:
             raise ValueError("one draft source: the head or the drafter")
+        if precision not in m.get("precisions", {"fp32": ""}):
+            raise CheckpointError(f"{self.directory / 'manifest.json'} has no {precision} graphs: export them")
+        if precision == "fp16" and fused:
+            raise ValueError("the fused step graph is exported in fp32 only")
+        self.float = np.float16 if precision == "fp16" else np.float32
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.log_severity_level = 3
 
         def session(graph: str):
-            return ort.InferenceSession(str(self.directory / m["graphs"][graph]["file"]), so,
+            spec = m["graphs"][graph]["fp16"] if precision == "fp16" else m["graphs"][graph]
+            return ort.InferenceSession(str(self.directory / spec["file"]), so,
                                         providers=["CPUExecutionProvider"])
 
         self.base = session("base")
@@ -86,7 +94,7 @@ class OnnxBackend:
         return choices[0].tolist(), margins[0].tolist(), OnnxState(cache, hidden, state_ids + ids, ahead)
 
     def prefill(self, ids: list[int]) -> OnnxState:
-        empty = np.zeros([1, 0, *self.kv_shape[2:]], dtype=np.float32)  # S = 0: no past yet
+        empty = np.zeros([1, 0, *self.kv_shape[2:]], dtype=self.float)  # S = 0: no past yet
         return self._base({name: empty for name in self.past}, [], ids)[2]
 
     def verify(self, state: OnnxState, ids: list[int]):
@@ -108,7 +116,7 @@ class OnnxBackend:
         kv = self.manifest["drafter"]["kv"]
         present_to_past = dict(zip(kv["present_outputs"], kv["past_inputs"]))
         outputs = ["choices", *kv["present_outputs"]]
-        empty = np.zeros([1, 0, *kv["shape"][2:]], dtype=np.float32)
+        empty = np.zeros([1, 0, *kv["shape"][2:]], dtype=self.float)
 
         def forward(ids, cache):
             feeds = {"input_ids": np.array([ids], dtype=np.int64),

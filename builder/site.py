@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jinja2
 
-from .export import MANIFEST, export, is_export_of, read_manifest
+from .export import MANIFEST, export, graph_files, is_export_of, read_manifest
 from .model import CheckpointError
 
 WEB = Path(__file__).resolve().parent.parent / "web"
@@ -43,9 +43,11 @@ class SiteError(RuntimeError):
     """The site cannot be built or served (npm missing, web/ incomplete, port taken)."""
 
 
-def build(base_dir: Path, head_dir: Path, drafter_dir: Path, out: Path, onnx_dir: Path, note=print) -> dict:
-    """Builds the static site into out/ (replacing it). Returns the site's manifest."""
-    base_dir, head_dir, drafter_dir, out, onnx_dir = map(Path, (base_dir, head_dir, drafter_dir, out, onnx_dir))
+def build(base_dir: Path, head_dir: Path, drafter_dir: Path | None, out: Path, onnx_dir: Path, note=print) -> dict:
+    """Builds the static site into out/ (replacing it), with the drafter when drafter_dir is given. Returns the
+    site's manifest."""
+    base_dir, head_dir, out, onnx_dir = map(Path, (base_dir, head_dir, out, onnx_dir))
+    drafter_dir = Path(drafter_dir) if drafter_dir is not None else None
     if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
         export(base_dir, head_dir, onnx_dir, note=note, drafter_dir=drafter_dir)
     manifest = read_manifest(onnx_dir)  # every file checked against its sha256
@@ -87,9 +89,9 @@ def site_models(manifest: dict, onnx_dir: Path, base_dir: Path, models: Path) ->
     """Copies the graphs the page runs and the tokenizer; writes the manifest of exactly those files."""
     # the base; the head graph of every k (mtp: the head drafts k in one run, the base verifies k + 1 in one);
     # the independent drafter (one run per draft). Not the fused step graph: the page runs two graphs a step.
-    names = ["base", *manifest["head"]["by_k"].values(), "drafter"]
+    names = ["base", *manifest["head"]["by_k"].values(), *(["drafter"] if manifest["drafter"] else [])]
     graphs = {name: manifest["graphs"][name] for name in names}
-    files = {g["file"]: manifest["files"][g["file"]] for g in graphs.values()}
+    files = {f: manifest["files"][f] for g in graphs.values() for f in graph_files(g)}
     for name in files:
         shutil.copyfile(onnx_dir / name, models / name)
     shutil.copyfile(base_dir / "tokenizer.json", models / "tokenizer.json")

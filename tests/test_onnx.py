@@ -54,7 +54,8 @@ def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, backen
     assert m["head"]["k"] == head.config.k_train and m["head"]["kv_layer"] == head.config.kv_layer
     assert m["context_length"] == base.config.max_position_embeddings and m["eos_token_id"] == base.config.eos_token_id
     assert m["special_tokens"] == {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
-    assert {t: (v["marker"], v["separator"]) for t, v in m["tasks"].items()} == TASKS
+    ids = tokenizer.token_to_id
+    assert m["tasks"] == {t: {"prefix": [ids(marker)], "suffix": [ids(sep)] if sep else []} for t, (marker, sep) in TASKS.items()}
     assert m["kv"]["sequence_axis"] == 1 and "prefix" in m["kv"]["rollback"]
 
 

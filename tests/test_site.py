@@ -65,7 +65,8 @@ def test_build_copies_only_what_the_page_needs(site):
     heads = list(manifest["head"]["by_k"].values())
     assert heads == ["head_k1", "head_k2", "head_k3", "head_k4", "head_k5", "head"]
     assert set(manifest["graphs"]) == {"base", "drafter", *heads}, "not the fused step graph: the page runs two a step"
-    assert sorted(manifest["files"]) == sorted(["base.onnx", "drafter.onnx", *(f"{h}.onnx" for h in heads)])
+    graphs = ["base", "drafter", *heads]
+    assert sorted(manifest["files"]) == sorted([f"{g}{v}.onnx" for g in graphs for v in ("", ".fp16")])
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
     expected = {"index.html", "app.mjs", "mtp.mjs", "style.css", "models/manifest.json", "models/tokenizer.json",
                 *(f"models/{f}" for f in manifest["files"]), *VENDOR.values()}

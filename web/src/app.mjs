@@ -33,6 +33,7 @@ async function load(choice, since = 0) {
   $('adapter').textContent = choice.adapter ? `${choice.note}: ${choice.adapter}` : choice.note;
   const runtime = await Runtime.load(new URL('models/', location.href), {
     backend: choice.backend,
+    precision: choice.precision,
     open: (manifest) => ['base', manifest.head.by_k[$('k').value]],  // the rest open when first used
     onProgress(loaded, total, file) {
       $('progress').hidden = loaded >= total;
@@ -43,6 +44,13 @@ async function load(choice, since = 0) {
     },
   });
   const loadMs = performance.now() - since;
+  const precisionNote = runtime.precision === choice.precision ? choice.precisionNote
+    : `${runtime.precision}: this site has no ${choice.precision} models`;
+  $('backend').textContent += ` · ${runtime.precision}`;
+  $('precision').textContent = precisionNote;
+  const hasDrafter = Boolean(runtime.manifest.graphs.drafter);
+  $('mode').querySelector('option[value=drafter]').disabled = !hasDrafter;
+  $('compare').textContent = hasDrafter ? 'Compare plain, MTP, drafter' : 'Compare plain and MTP';
   $('progress').hidden = true;
   $('progress-text').textContent = `Models ready in ${(loadMs / 1000).toFixed(1)} s.`;
   for (const id of ['generate', 'compare']) $(id).disabled = false;
@@ -52,10 +60,12 @@ async function load(choice, since = 0) {
     // after the run in flight has failed: releasing sessions or creating others while onnxruntime-web's
     // WebAssembly is suspended inside a run would re-enter it
     current = runtime.queue.then(() => runtime.close())
-      .then(() => load({ backend: 'wasm', adapter: null, note: `WASM: ${why}` }, performance.now()));
+      .then(() => load({ backend: 'wasm', adapter: null, note: `WASM: ${why}`, precision: 'fp32',
+        precisionNote: 'fp32 on WASM' }, performance.now()));
     current.catch(onLoadFailure);
   };
   return { runtime, info: { backend: runtime.backend, adapter: choice.adapter, note: choice.note, kMax: runtime.kMax,
+    precision: runtime.precision, precisionNote, modes: Object.keys(MODES).filter((m) => m !== 'drafter' || hasDrafter),
     contextLength: runtime.context, loadMs } };
 }
 
@@ -66,7 +76,7 @@ function onLoadFailure(e) {
 }
 
 // the promise of the models in use, {runtime, info}: replaced when the page falls back to WASM
-let current = chooseBackend(params.get('backend')).then((choice) => load(choice));
+let current = chooseBackend(params.get('backend'), params.get('precision')).then((choice) => load(choice));
 const ready = current;
 ready.catch(onLoadFailure);
 
@@ -110,7 +120,7 @@ function generate({ prompt, task = 'continue', mode = 'mtp', k = 4, maxNewTokens
     }
     const ms = performance.now() - t0;
     const result = { promptIds, ids: out.ids, text: runtime.decodeText(out.ids), steps: out.steps, accepted: out.accepted,
-      ms, firstTokenMs, backend: runtime.backend, mode, k: mode === 'ar' ? 0 : k, task, stopped: out.stopped };
+      ms, firstTokenMs, backend: runtime.backend, precision: runtime.precision, mode, k: mode === 'ar' ? 0 : k, task, stopped: out.stopped };
     if (trace) result.trace = runtime.trace;
     runtime.trace = null;
     return result;
@@ -126,7 +136,7 @@ window.frozenMTP = {
     const { runtime, info } = await current;
     return { ...info, liveGpuTensors: runtime.gpuTensors.size };
   },
-  generate: (options) => generate(options),
+  generate: (options) => generate(options),  // results also carry precision
   /** The ids Python's encode_text gives for text (tokenizer parity tests). */
   encodeText: async (text) => (await ready).runtime.encodeText(text),
 };
@@ -246,7 +256,8 @@ async function onCompare() {
   rows.replaceChildren();
   try {
     const results = [];
-    for (const mode of ['ar', 'mtp', 'drafter']) {
+    const { info } = await current;
+    for (const mode of info.modes) {
       const r = await runOnPage(mode);
       results.push(r);
       const tr = document.createElement('tr');
@@ -263,8 +274,8 @@ async function onCompare() {
     const differs = results.slice(1).find((r) => r.ids.length !== plain.ids.length || r.ids.some((id, i) => id !== plain.ids[i]));
     const same = !differs;
     $('comparison-verdict').textContent = same
-      ? `Identical text, ${plain.ids.length} tokens. MTP ran at ${(speed(mtp) / speed(plain)).toFixed(2)}x the plain ` +
-        `speed, the independent drafter at ${(speed(drafter) / speed(plain)).toFixed(2)}x.`
+      ? `Identical text, ${plain.ids.length} tokens. MTP ran at ${(speed(mtp) / speed(plain)).toFixed(2)}x the plain speed` +
+        (drafter ? `, the independent drafter at ${(speed(drafter) / speed(plain)).toFixed(2)}x.` : '.')
       : `The ${MODES[differs.mode]} text differs from the plain one: please report this.`;
     $('comparison-verdict').className = same ? 'same' : 'differ';
   } catch (e) {

@@ -27,11 +27,16 @@ export class DeviceLostError extends PageError {}
  * where the browser offers an adapter, WASM else.
  * @returns {Promise<{backend: string, adapter: string|null, note: string}>}
  */
-export async function chooseBackend(requested) {
+export async function chooseBackend(requested, precision) {
   if (requested && requested !== 'webgpu' && requested !== 'wasm') {
     throw new PageError(`unknown backend "${requested}": use ?backend=webgpu or ?backend=wasm`);
   }
-  if (requested === 'wasm') return { backend: 'wasm', adapter: null, note: 'WASM, as requested' };
+  if (precision && precision !== 'fp16' && precision !== 'fp32') {
+    throw new PageError(`unknown precision "${precision}": use ?precision=fp16 or ?precision=fp32`);
+  }
+  if (requested === 'wasm') {
+    return { backend: 'wasm', adapter: null, note: 'WASM, as requested', ...choosePrecision(precision, 'wasm', false) };
+  }
   let adapter = null;
   let why = 'this browser has no WebGPU (navigator.gpu is missing)';
   if (globalThis.navigator?.gpu) {
@@ -45,10 +50,28 @@ export async function chooseBackend(requested) {
   if (adapter) {
     const info = adapter.info || {};
     const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ') || 'unnamed adapter';
-    return { backend: 'webgpu', adapter: name, note: requested ? 'WebGPU, as requested' : 'WebGPU' };
+    return { backend: 'webgpu', adapter: name, note: requested ? 'WebGPU, as requested' : 'WebGPU',
+      ...choosePrecision(precision, 'webgpu', adapter.features.has('shader-f16')) };
   }
   if (requested === 'webgpu') throw new PageError(`WebGPU was requested but ${why}`);
-  return { backend: 'wasm', adapter: null, note: `WASM: ${why}` };
+  return { backend: 'wasm', adapter: null, note: `WASM: ${why}`, ...choosePrecision(precision, 'wasm', false) };
+}
+
+/**
+ * fp16 where the WebGPU adapter has the shader-f16 feature, fp32 otherwise, unless ?precision= says.
+ * fp16 on WASM (only when asked for) runs the fp16 graphs with onnxruntime's fp32 kernels where it has
+ * no fp16 ones: half the download, not faster. The site may lack fp16 graphs: Runtime.load then uses fp32.
+ */
+function choosePrecision(requested, backend, shaderF16) {
+  if (requested === 'fp16' && backend === 'webgpu' && !shaderF16) {
+    throw new PageError('fp16 was requested but this WebGPU adapter lacks the shader-f16 feature: use ?precision=fp32');
+  }
+  if (requested) return { precision: requested, precisionNote: `${requested}, as requested` };
+  if (backend === 'webgpu') {
+    return shaderF16 ? { precision: 'fp16', precisionNote: 'fp16: the adapter has shader-f16' }
+      : { precision: 'fp32', precisionNote: 'fp32: the adapter lacks shader-f16' };
+  }
+  return { precision: 'fp32', precisionNote: 'fp32 on WASM' };
 }
 
 /** Fetches a file of the site, reporting bytes as they arrive; checks its sha256 when one is given. */
@@ -98,11 +121,14 @@ function describe(t, bufferId) {
  * Create with `Runtime.load`; `decode` runs one generation.
  */
 export class Runtime {
-  constructor(manifest, tokenizer, modelsUrl, backend, onProgress) {
+  constructor(manifest, tokenizer, modelsUrl, backend, precision, onProgress) {
     this.manifest = manifest;
     this.tokenizer = tokenizer;
     this.modelsUrl = modelsUrl;
     this.backend = backend;          // 'webgpu' | 'wasm'
+    this.precision = precision;      // 'fp32' | 'fp16': which files of each graph run (graph or graph.fp16)
+    // the float type of the graphs' float inputs (the empty caches of a prefill)
+    this.float = precision === 'fp16' ? ['float16', Uint16Array] : ['float32', Float32Array];
     this.onProgress = onProgress;
     this.sessions = {};              // graph name -> Promise of its session, opened on first use
     this.context = manifest.context_length;
@@ -154,9 +180,10 @@ export class Runtime {
    * Reads the manifest and the tokenizer under `modelsUrl` (the models/ folder's URL), then opens the
    * graphs named in `open` (the rest open when first used).
    * @param {string} modelsUrl
-   * @param {{backend: string, open: (manifest) => string[], onProgress?: (loaded: number, total: number, file: string) => void}} options
+   * With precision 'fp16' it runs each graph's fp16 variant; a site without them runs fp32 (see .precision).
+   * @param {{backend: string, precision: string, open: (manifest) => string[], onProgress?: (loaded: number, total: number, file: string) => void}} options
    */
-  static async load(modelsUrl, { backend, open, onProgress }) {
+  static async load(modelsUrl, { backend, precision = 'fp32', open, onProgress }) {
     const manifestUrl = new URL('manifest.json', modelsUrl);
     const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl, {})));
     if (manifest.format !== 'frozen-mtp-onnx/1') {
@@ -166,9 +193,17 @@ export class Runtime {
     // Special tokens are encoded by id, never parsed out of the user's text (builder/tasks.py): the JS
     // tokenizer gets no added tokens, so "<|fix|>" typed by a user stays text.
     const tokenizer = new Tokenizer({ ...json, added_tokens: [] }, {});
-    const runtime = new Runtime(manifest, tokenizer, modelsUrl, backend, onProgress);
+    const hasFp16 = Object.values(manifest.graphs).every((g) => g.fp16);
+    const runtime = new Runtime(manifest, tokenizer, modelsUrl, backend, hasFp16 ? precision : 'fp32', onProgress);
     await runtime.openAll(open(manifest));
     return runtime;
+  }
+
+  /** A graph's file, inputs and outputs in the precision in use. */
+  graph(name) {
+    const graph = this.manifest.graphs[name];
+    if (!graph) throw new PageError(`the manifest has no graph "${name}"`);
+    return this.precision === 'fp16' ? graph.fp16 : graph;
   }
 
   /** The head graph that drafts exactly k tokens. */
@@ -179,7 +214,7 @@ export class Runtime {
   /** Opens graphs one at a time (DESIGN.md), with one progress bar over their files. */
   async openAll(names) {
     const todo = names.filter((n) => !this.sessions[n]);
-    const total = todo.reduce((s, n) => s + this.manifest.files[this.manifest.graphs[n].file].bytes, 0);
+    const total = todo.reduce((s, n) => s + this.manifest.files[this.graph(n).file].bytes, 0);
     let loaded = 0;
     for (const name of todo) {
       this.sessions[name] = this.create(name, (n, file) => { loaded += n; this.onProgress?.(loaded, total, file); });
@@ -189,8 +224,7 @@ export class Runtime {
 
   /** Downloads a graph with progress, checks it against the manifest's sha256, creates its session. */
   async create(name, onBytes) {
-    const graph = this.manifest.graphs[name];
-    if (!graph) throw new PageError(`the manifest has no graph "${name}"`);
+    const graph = this.graph(name);
     const info = this.manifest.files[graph.file];
     const data = await fetchBytes(new URL(graph.file, this.modelsUrl), { ...info, onBytes: (n) => onBytes(n, graph.file) });
     const preferredOutputLocation = {};
@@ -217,14 +251,19 @@ export class Runtime {
     return text ? this.tokenizer.encode(text.toWellFormed(), { add_special_tokens: false }).ids : [];
   }
 
-  /** The prompt's ids in the task's one format: [marker] + text + [separator]. */
+  /** The prompt's ids in the task's one format: prefix + text + suffix (builder/tasks.py). */
   encodePrompt(task, text) {
     const format = this.manifest.tasks[task];
     if (!format) throw new PageError(`unknown task "${task}": choose ${Object.keys(this.manifest.tasks).join(' or ')}`);
     if (typeof text !== 'string') throw new PageError(`the prompt must be text, got ${typeof text}`);
     if (!text.trim()) throw new PageError('the prompt is empty');
-    const ids = [this.manifest.special_tokens[format.marker], ...this.encodeText(text)];
-    return format.separator ? [...ids, this.manifest.special_tokens[format.separator]] : ids;
+    return [...format.prefix, ...this.encodeText(text), ...format.suffix];
+  }
+
+  /** An empty cache tensor (S = 0) of the given [n_kv, head_dim], in the graphs' float type. */
+  emptyCache(dims) {
+    const [type, Array] = this.float;
+    return new ort.Tensor(type, new Array(0), [1, 0, ...dims]);
   }
 
   /** Text of new ids, special tokens skipped (as Python's decode). */
@@ -294,7 +333,7 @@ export class Runtime {
   }
 
   prefill(ids) {
-    const empty = new ort.Tensor('float32', new Float32Array(0), [1, 0, ...this.kvDims]);  // S = 0: no past yet
+    const empty = this.emptyCache(this.kvDims);  // S = 0: no past yet
     return this.base({ cache: Object.fromEntries(this.pastNames.map((n) => [n, empty])) }, ids);
   }
 
@@ -338,7 +377,7 @@ export class Runtime {
     if (keep) {
       for (const [name, t] of Object.entries(d.cache)) cache[name] = this.prefix(t, keep);
     } else {
-      const empty = new ort.Tensor('float32', new Float32Array(0), [1, 0, ...kv.shape.slice(2)]);
+      const empty = this.emptyCache(kv.shape.slice(2));
       for (const name of kv.past_inputs) cache[name] = empty;
     }
     let { owners } = d;
@@ -438,7 +477,10 @@ export class Runtime {
  * fit the context window (as builder/generate.py's `room`). A prompt that leaves no room is an error.
  */
 export function room(promptIds, maxNewTokens, context) {
-  if (promptIds.length < 2) throw new PageError('the prompt is empty');
+  if (promptIds.length < 2) {  // with a marker or BOS first, only a model without either meets this with text
+    throw new PageError(promptIds.length ? 'the prompt is a single token: decoding needs at least two, write a little more'
+      : 'the prompt is empty');
+  }
   if (!Number.isInteger(maxNewTokens) || maxNewTokens < 1) {
     throw new PageError(`max new tokens must be a whole number of at least 1, got ${maxNewTokens}`);
   }

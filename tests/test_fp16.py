@@ -1,0 +1,94 @@
+"""The fp16 variant: exported beside fp32, chosen by the page where WebGPU has shader-f16, and exact within
+its precision (MTP fp16 == plain fp16, in onnxruntime and in the page)."""
+from __future__ import annotations
+
+import json
+
+from builder.generate import compare_to_reference, decode
+from builder.onnx_backend import OnnxBackend
+from builder.tasks import encode_prompt
+from tests.conftest import Page
+from tests.test_cli import expect_error, run
+
+
+def test_fp16_graphs_are_half_the_bytes(onnx_dir):
+    m = json.loads((onnx_dir / "manifest.json").read_text())
+    assert set(m["precisions"]) == {"fp32", "fp16"}
+    for name, graph in m["graphs"].items():
+        if name == "step":
+            assert "fp16" not in graph
+            continue
+        assert graph["fp16"]["file"] == f"{name}.fp16.onnx"
+        floats = [io["dtype"] for io in graph["fp16"]["inputs"] + graph["fp16"]["outputs"] if "int" not in io["dtype"]]
+        assert floats and set(floats) == {"float16"}
+        ratio = m["files"][graph["fp16"]["file"]]["bytes"] / m["files"][graph["file"]]["bytes"]
+        assert 0.45 < ratio < 0.6, f"{name}: fp16 is {ratio:.2f} of fp32"
+
+
+def test_fp16_mtp_equals_fp16_plain_in_onnxruntime(onnx_dir, tokenizer, validation_prompts):
+    plain = OnnxBackend(onnx_dir, precision="fp16")
+    mtp = OnnxBackend(onnx_dir, with_head=True, precision="fp16")
+    eos = plain.manifest["eos_token_id"]
+    verdicts = []
+    for p in validation_prompts[:4] + validation_prompts[30:34]:
+        ids = encode_prompt(tokenizer, p["task"], p["prompt"])
+        ref = decode(plain, ids, 32, eos)
+        out = decode(mtp, ids, 32, eos, k=4)
+        verdicts.append(compare_to_reference(ref, out.ids)[0])
+        assert sum(a + 1 for a in out.accepted) >= len(out.ids) > out.steps, "MTP accepted no drafts in fp16"
+    assert "mismatch" not in verdicts and verdicts.count("equal") >= len(verdicts) - 1, verdicts
+
+
+def test_cli_fp16_needs_the_onnx_backend():
+    expect_error(run("generate", "--prompt", "Lists are", "--precision", "fp16"), "--backend onnx")
+
+
+def test_page_picks_fp16_only_with_shader_f16(browser, url):
+    page = Page(browser, url, "index.html?backend=webgpu")
+    try:
+        has_f16 = page.page.evaluate("async () => (await navigator.gpu.requestAdapter()).features.has('shader-f16')")
+        info = page.info
+        assert info["precision"] == ("fp16" if has_f16 else "fp32"), info
+        assert info["precisionNote"] == ("fp16: the adapter has shader-f16" if has_f16 else "fp32: the adapter lacks shader-f16")
+        assert info["precision"] in page.page.inner_text("#status")
+        wanted = ".fp16.onnx" if has_f16 else "models/base.onnx"
+        assert any(r.endswith(wanted) for r in page.requests), page.requests
+    finally:
+        page.close()
+    if not has_f16:  # asking for fp16 on such an adapter is a clear error, not a broken page
+        assert "lacks the shader-f16 feature" in load_error(browser, url, "backend=webgpu&precision=fp16")
+
+
+def load_error(browser, url, query) -> str:
+    """The message a page shows when its models cannot load (not Page: it waits for them to load)."""
+    ctx = browser.new_context()
+    try:
+        tab = ctx.new_page()
+        tab.goto(url + f"index.html?{query}")
+        tab.wait_for_selector("#message:not([hidden])")
+        assert tab.is_disabled("#generate")
+        return tab.inner_text("#message")
+    finally:
+        ctx.close()
+
+
+def test_page_fp16_mtp_equals_page_fp16_plain(browser, url, validation_prompts):
+    """The fp16 graphs in the page (on WASM, where only ?precision=fp16 selects them): the fp16 files are the
+    ones fetched and MTP's ids equal plain decoding's, in the same page."""
+    page = Page(browser, url, "index.html?backend=wasm&precision=fp16")
+    try:
+        assert page.info["precision"] == "fp16" and page.info["precisionNote"] == "fp16, as requested"
+        for p in (validation_prompts[0], validation_prompts[30]):
+            plain = page.generate(prompt=p["prompt"], task=p["task"], mode="ar", maxNewTokens=24)
+            mtp = page.generate(prompt=p["prompt"], task=p["task"], mode="mtp", k=4, maxNewTokens=24)
+            assert plain["precision"] == mtp["precision"] == "fp16"
+            assert mtp["ids"] == plain["ids"] and mtp["steps"] < plain["steps"], (p, plain["ids"], mtp["ids"])
+        models = [r.rsplit("/", 1)[1] for r in page.requests if r.endswith(".onnx")]
+        assert models and all(m.endswith(".fp16.onnx") for m in models), models
+        assert page.errors == [], page.errors
+    finally:
+        page.close()
+
+
+def test_page_rejects_an_unknown_precision(browser, url):
+    assert 'unknown precision "fp8"' in load_error(browser, url, "backend=wasm&precision=fp8")
