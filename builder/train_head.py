@@ -144,8 +144,10 @@ def make_batches(data, batch: int, rng: random.Random):
 
 
 def set_lr(opt, step: int, cfg) -> None:
-    """Linear warm-up over cfg.warmup steps, then cosine decay to a tenth of cfg.lr at cfg.steps."""
-    lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
+    """Linear warm-up over cfg.warmup steps (a tenth of a shorter run), then cosine decay to a tenth of
+    cfg.lr at cfg.steps."""
+    warmup = min(cfg.warmup, max(1, cfg.steps // 10))
+    lr = cfg.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
     for group in opt.param_groups:
         group["lr"] = lr
 

@@ -36,6 +36,9 @@ def make_checkpoint(kind: str, directory, texts: list[str]) -> None:
     extra = {"llama": dict(tie_word_embeddings=False), "qwen2": dict(tie_word_embeddings=True, rope_theta=1e6)}[kind]
     torch.manual_seed(3)
     model = model_class(config(**CONFIG, **extra)).eval()
+    with torch.no_grad():  # weak attention: the next token depends mostly on the last few, so a head trained
+        for layer in model.model.layers:  # for seconds drafts some right and the page's accepting path runs
+            layer.self_attn.o_proj.weight.mul_(0.05)
     model.save_pretrained(directory)
     tok.save(str(directory / "tokenizer.json"))
 
@@ -49,7 +52,7 @@ def byo(request, corpus, tmp_path_factory):
     data = root / "my_text.txt"
     data.write_text("\n\n".join(corpus.train[2000:2400]), encoding="utf-8")  # the user's own text
     trained = run("train-head", "--base", str(base_dir), "--head", str(head_dir), "--data", str(data),
-                  "--steps", "8", "--prompts-per-task", "32", "--batch-size", "8", "--eval-prompts", "4")
+                  "--steps", "40", "--prompts-per-task", "32", "--batch-size", "8", "--eval-prompts", "4")
     assert trained.returncode == 0, trained.stderr[-2000:]
     built = run("build", "--base", str(base_dir), "--head", str(head_dir), "--out", str(site),
                 "--onnx-dir", str(root / "onnx"))
@@ -97,6 +100,7 @@ def test_page_equals_python_reference_on_wasm(byo, browser):
         page = Page(browser, url, "index.html?backend=wasm")
         try:
             assert page.info["backend"] == "wasm" and page.info["modes"] == ["ar", "mtp"], page.info
+            accepted = []
             for task, text in PROMPTS:
                 prompt_ids = encode_prompt(tok, task, text)
                 ref = decode_ar(base, prompt_ids, 24, base.config.eos_token_id)
@@ -105,6 +109,8 @@ def test_page_equals_python_reference_on_wasm(byo, browser):
                     assert r["promptIds"] == prompt_ids
                     verdict, where = compare_to_reference(ref, r["ids"])
                     assert verdict == "equal", f"{kind} {task} {mode}: {verdict} at {where}"
+                    accepted += r["accepted"]
+            assert sum(accepted) > 0, "no draft was accepted: the accepting path did not run"
             assert page.errors == [], page.errors
         finally:
             page.close()
