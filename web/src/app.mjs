@@ -47,7 +47,7 @@ async function load(choice, since = 0) {
   const precisionNote = runtime.precision === choice.precision ? choice.precisionNote
     : `${runtime.precision}: this site has no ${choice.precision} models`;
   $('backend').textContent += ` · ${runtime.precision}`;
-  $('precision').textContent = precisionNote;
+  $('precision').textContent = `· ${precisionNote}`;
   const hasDrafter = Boolean(runtime.manifest.graphs.drafter);
   $('mode').querySelector('option[value=drafter]').disabled = !hasDrafter;
   $('compare').textContent = hasDrafter ? 'Compare plain, MTP, drafter' : 'Compare plain and MTP';
