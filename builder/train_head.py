@@ -22,8 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import shutil
 import random
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -187,7 +187,11 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         first, recent = saved["step"], saved["recent"]
         for _ in range(first):  # the same batches as an uninterrupted run from here on
             next(batches)
-    save = lambda step: checkpoint and save_checkpoint(checkpoint, key, data, head, opt, step, recent)  # noqa: E731
+
+    def save(steps: int) -> None:
+        if checkpoint:
+            save_checkpoint(checkpoint, key, data, head, opt, steps, recent)
+
     head.train()
     bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps)
     done = first  # steps whose update the weights hold
@@ -208,7 +212,8 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                 save(done)
     except KeyboardInterrupt:
         bar.close()
-        if save(done):
+        if checkpoint:
+            save(done)
             note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
         raise
     head.eval()
@@ -226,13 +231,12 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                   "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
 
 
-def save_checkpoint(directory: Path, key: dict, data, head: MTPHead, opt, step: int, recent) -> bool:
+def save_checkpoint(directory: Path, key: dict, data, head: MTPHead, opt, step: int, recent) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / "state.pt.tmp"
     torch.save({"key": key, "step": step, "recent": recent, "data": data, "head": head.state_dict(),
                 "opt": opt.state_dict()}, tmp)
     tmp.replace(directory / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
-    return True
 
 
 def resumable(directory: Path | None, key: dict, note) -> dict | None:

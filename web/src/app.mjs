@@ -2,7 +2,7 @@
 // window.frozenMTP (CONTRACT.md) for tests and outside checks. User and model text only ever reaches the
 // page through textContent, never innerHTML.
 
-import { DeviceLostError, PageError, Runtime, chooseBackend } from './mtp.mjs';
+import { DeviceLostError, PageError, Runtime, chooseBackend, choosePrecision } from './mtp.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -60,8 +60,8 @@ async function load(choice, since = 0) {
     // after the run in flight has failed: releasing sessions or creating others while onnxruntime-web's
     // WebAssembly is suspended inside a run would re-enter it
     current = runtime.queue.then(() => runtime.close())
-      .then(() => load({ backend: 'wasm', adapter: null, note: `WASM: ${why}`, precision: 'fp32',
-        precisionNote: 'fp32 on WASM' }, performance.now()));
+      .then(() => load({ backend: 'wasm', adapter: null, note: `WASM: ${why}`, ...choosePrecision(null, 'wasm', false) },
+        performance.now()));
     current.catch(onLoadFailure);
   };
   return { runtime, info: { backend: runtime.backend, adapter: choice.adapter, note: choice.note, kMax: runtime.kMax,
@@ -136,7 +136,7 @@ window.frozenMTP = {
     const { runtime, info } = await current;
     return { ...info, liveGpuTensors: runtime.gpuTensors.size };
   },
-  generate: (options) => generate(options),  // results also carry precision
+  generate: (options) => generate(options),
   /** The ids Python's encode_text gives for text (tokenizer parity tests). */
   encodeText: async (text) => (await ready).runtime.encodeText(text),
 };

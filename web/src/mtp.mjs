@@ -25,7 +25,7 @@ export class DeviceLostError extends PageError {}
 /**
  * Which execution provider to use: `requested` ('webgpu' | 'wasm' | null) forces one; otherwise WebGPU
  * where the browser offers an adapter, WASM else.
- * @returns {Promise<{backend: string, adapter: string|null, note: string}>}
+ * @returns {Promise<{backend: string, adapter: string|null, note: string, precision: string, precisionNote: string}>}
  */
 export async function chooseBackend(requested, precision) {
   if (requested && requested !== 'webgpu' && requested !== 'wasm') {
@@ -62,7 +62,7 @@ export async function chooseBackend(requested, precision) {
  * fp16 on WASM (only when asked for) runs the fp16 graphs with onnxruntime's fp32 kernels where it has
  * no fp16 ones: half the download, not faster. The site may lack fp16 graphs: Runtime.load then uses fp32.
  */
-function choosePrecision(requested, backend, shaderF16) {
+export function choosePrecision(requested, backend, shaderF16) {
   if (requested === 'fp16' && backend === 'webgpu' && !shaderF16) {
     throw new PageError('fp16 was requested but this WebGPU adapter lacks the shader-f16 feature: use ?precision=fp32');
   }
