@@ -6,7 +6,9 @@ For every runtime: a warm-up, then `repeats` rounds; each round runs every (task
 validation prompts, interleaved, so that drift in the machine's speed touches every mode alike.
 tokens/s = new tokens / decode seconds over all prompts of a round; the table gives the median round
 and the spread (min-max) over rounds. Every output is checked against the torch reference with
-CONTRACT.md's exactness rule and the mismatches counted.
+CONTRACT.md's exactness rule and the mismatches counted. For onnx-cpu the JSON also has "profile": the
+median wall time of each kind of graph run ("base T=5": the base fed 5 tokens, "head k=4": the head
+drafting 4, "drafter T=1"), pooled over every round, from which the report shows where a step's time goes.
 
 SwiftShader (the CI's WebGPU) emulates a GPU on the CPU at about 1 s a base run, so browser-webgpu runs
 fewer prompts, tokens and k by default: it shows the page works on WebGPU, not GPU speed.
@@ -47,6 +49,7 @@ def modes(ks) -> list[tuple[str, int]]:
 
 
 # --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds) ------------------
+# a runner may have .profile(): where a step's time goes, {"base T=5": {"median_ms", "runs"}, "head k=4": ..}
 
 def python_runner(runtime: str, base_dir: Path, head_dir: Path, drafter_dir: Path, onnx_dir: Path):
     from .drafter import torch_drafter
@@ -77,6 +80,17 @@ def python_runner(runtime: str, base_dir: Path, head_dir: Path, drafter_dir: Pat
         out = decode(backend, prompt_ids, n, eos, k)
         return out.ids, out.steps, out.accepted, time.perf_counter() - t0
 
+    if runtime != "torch":
+        def profile() -> dict:
+            """The median wall time of each kind of graph run over the whole measurement, all modes pooled."""
+            seconds = {}
+            for b in made.values():
+                for what, s in b.run_seconds.items():
+                    seconds.setdefault(what, []).extend(s)
+            return {what: {"median_ms": round(statistics.median(s) * 1000, 4), "runs": len(s)}
+                    for what, s in sorted(seconds.items(), key=lambda i: (i[0].split()[0], int(i[0].split("=")[1])))}
+
+        run.profile = profile
     return run
 
 
@@ -170,11 +184,13 @@ def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, o
         for t in TASKS:
             for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in cfg.runtimes)]:
                 refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
-    results = []
+    results, profiles = [], {}
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
             run = python_runner(runtime, base_dir, head_dir, drafter_dir, onnx_dir)
             results += measure(runtime, run, prompts, refs, cfg.plans[runtime], log)
+            if hasattr(run, "profile"):
+                profiles[runtime] = run.profile()
     browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
     if browsers:
         from .browser import chromium, served
@@ -190,7 +206,7 @@ def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, o
                 log(f"{runtime}: {info['note']} {info.get('adapter') or ''}")
                 results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
                 context.close()
-    return {"results": results, "memory": memory(base_dir, head_dir, drafter_dir),
+    return {"results": results, "memory": memory(base_dir, head_dir, drafter_dir), "profile": profiles,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine()}
 
 

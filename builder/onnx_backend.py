@@ -16,6 +16,8 @@ kernel for in fp32, so this checks the graphs and the page's fp16 plumbing, not 
 """
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,17 +81,25 @@ class OnnxBackend:
         # head input -> the cache entry it reads (the base's present of the head's KV layer, rolled back)
         self.head_kv = {name: self.present[out] for name, out in m["head"]["kv_inputs"].items()} if with_head else {}
         self.runs = 0  # session.run calls, for the calls-per-step count
+        self.run_seconds = defaultdict(list)  # "base T=5", "head k=4", ..: the wall time of each such run
+
+    def _run(self, session, what: str, outputs: list[str], feeds: dict) -> list:
+        t0 = time.perf_counter()
+        out = session.run(outputs, feeds)
+        self.run_seconds[what].append(time.perf_counter() - t0)
+        self.runs += 1
+        return out
 
     def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int], step: bool = False):
         feeds = {"input_ids": np.array([ids], dtype=np.int64), **state_cache}
         ahead = None
         if step:
-            choices, margins, hidden, accepted, drafts, *present = self.step.run(self.step_outputs, feeds)
+            choices, margins, hidden, accepted, drafts, *present = self._run(self.step, f"step T={len(ids)}",
+                                                                             self.step_outputs, feeds)
             n = int(accepted[0])
             ahead = (n, int(choices[0, n]), drafts[0].tolist())
         else:
-            choices, margins, hidden, *present = self.base.run(self.outputs, feeds)
-        self.runs += 1
+            choices, margins, hidden, *present = self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)
         cache = {self.present[name]: t for name, t in zip(self.outputs[3:], present)}
         return choices[0].tolist(), margins[0].tolist(), OnnxState(cache, hidden, state_ids + ids, ahead)
 
@@ -121,8 +131,7 @@ class OnnxBackend:
         def forward(ids, cache):
             feeds = {"input_ids": np.array([ids], dtype=np.int64),
                      **(cache if cache is not None else {name: empty for name in kv["past_inputs"]})}
-            choices, *present = session.run(outputs, feeds)
-            self.runs += 1
+            choices, *present = self._run(session, f"drafter T={len(ids)}", outputs, feeds)
             return int(choices[0, -1]), {present_to_past[n]: t for n, t in zip(kv["present_outputs"], present)}
 
         return IndependentDrafter(forward, lambda cache, n: {name: t[:, :n] for name, t in cache.items()})
@@ -141,6 +150,5 @@ class OnnxBackend:
         feeds = {"hidden": state.hidden, "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64),
                  "token": np.array([[token]], dtype=np.int64),
                  **{name: state.cache[past] for name, past in self.head_kv.items()}}
-        (drafts,) = self.heads[k].run(["drafts"], feeds)
-        self.runs += 1
+        (drafts,) = self._run(self.heads[k], f"head k={k}", ["drafts"], feeds)
         return drafts[0, :k].tolist()

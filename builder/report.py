@@ -60,6 +60,37 @@ def memory_table(mem: dict) -> str:
     return "\n".join(lines)
 
 
+def profile_table(data: dict, runtime: str) -> str:
+    """Where an MTP step's time goes on a runtime with a run profile: per k, the base's verify run and the
+    head's draft run (median ms, and as multiples of a one-token base run), and per task MTP's speed over
+    plain decoding three ways: measured, predicted by the graph runs alone (tau x t1 / (verify + head)),
+    and the bound a head that cost nothing would give (tau x t1 / verify)."""
+    prof = data["profile"][runtime]
+    ms = {what: p["median_ms"] for what, p in prof.items()}
+    t1 = ms["base T=1"]
+    results = [r for r in data["results"] if r["runtime"] == runtime and r["mode"] == "mtp"]
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    lines = ["| k | base verifying k+1 tokens, ms | head drafting k, ms | MTP step, ms | "
+             + " | ".join(f"{t}: tau, MTP/plain measured / from the runs / with a free head" for t in tasks) + " |",
+             "| --- " * (4 + len(tasks)) + "|"]
+    for k in sorted({r["k"] for r in results}):
+        tv, th = ms.get(f"base T={k + 1}"), ms.get(f"head k={k}")
+        if tv is None or th is None:
+            continue
+        cells = []
+        for task in tasks:
+            r = next(r for r in results if (r["task"], r["k"]) == (task, k))
+            cells.append(f"{r['tau']:.2f}, {r['speedup_vs_ar']:.2f}x / {r['tau'] * t1 / (tv + th):.2f}x / "
+                         f"{r['tau'] * t1 / tv:.2f}x")
+        lines.append(f"| {k} | {tv:.2f} ({tv / t1:.2f}x) | {th:.2f} ({th / t1:.2f}x) | {tv + th:.2f} | "
+                     + " | ".join(cells) + " |")
+    drafter = ms.get("drafter T=1")
+    notes = [f"A plain step, one base run of one token: {t1:.2f} ms (median of {prof['base T=1']['runs']} runs)."]
+    if drafter is not None:
+        notes.append(f"The independent drafter's one-token run: {drafter:.2f} ms ({drafter / t1:.2f}x).")
+    return "\n".join(lines) + "\n\n" + " ".join(notes)
+
+
 def plots(data: dict, out: Path) -> list[str]:
     import matplotlib
 
@@ -127,6 +158,11 @@ def write_report(data: dict, json_path: Path) -> Path:
     m = data["machine"]
     cfg = "; ".join(f"{rt}: {c['prompts']} prompts per task x {c['new_tokens']} tokens, k {','.join(map(str, c['ks']))}, "
                     f"{c['repeats']} round(s)" for rt, c in data["config"].items())
+    profiles = "".join(f"""## Where a step's time goes ({rt}: median wall time of each graph run, all rounds)
+
+{profile_table(data, rt)}
+
+""" for rt in data.get("profile", {}))
     md = out / (json_path.stem + ".md")
     md.write_text(f"""# Benchmark: plain vs MTP vs independent drafter
 
@@ -142,7 +178,7 @@ Plan: {cfg}. tokens/s is the median round (min-max over rounds).
 
 {memory_table(data['memory'])}
 
-## Every configuration
+{profiles}## Every configuration
 
 {full_table(data)}
 

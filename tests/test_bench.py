@@ -27,7 +27,12 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
                 "kv_bytes_per_token_drafter", "mtp_extra_state_bytes"):
         assert mem[key] > 0, key
     assert mem["kv_bytes_per_token_base"] == 2 * 6 * 4 * 32 * 4
+    prof = data["profile"]["onnx-cpu"]  # where the step's time goes: every kind of graph run the modes made
+    assert "torch" not in data["profile"]
+    for what in ("base T=1", "base T=2", "base T=4", "head k=1", "head k=3", "drafter T=1"):
+        assert prof[what]["median_ms"] > 0 and prof[what]["runs"] > 0, what
     report = (out.parent / "bench.md").read_text()
     assert "| torch | continue |" in report and "## Memory" in report
+    assert "## Where a step's time goes (onnx-cpu" in report and "\n| 3 | " in report
     for png in ("tokens_per_s.png", "acceptance.png", "speed_vs_k.png"):
         assert (out.parent / png).read_bytes()[:4] == b"\x89PNG"
