@@ -64,9 +64,16 @@ def build_parser() -> Parser:
                         "exported from other checkpoints. Every file is checked against the manifest's sha256.")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
 
-    t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from the Python docs")
+    t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from Debian's documentation")
     t.add_argument("--base", default="models/base", help="where the trained base is written")
-    t.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped model's)")
+    t.add_argument("--run-dir", default="build/train-base",
+                   help="the run's tokenized data and checkpoint: the same command resumes there")
+    t.add_argument("--steps", type=positive_int, help="optimizer steps (default: as many as --minutes allow)")
+    t.add_argument("--minutes", type=float, help="training budget in minutes when --steps is not given (default 150)")
+    t.add_argument("--batch-size", type=positive_int, help="sequences per step (default 8)")
+    t.add_argument("--checkpoint-minutes", type=float, help="minutes between checkpoints (default 5)")
+    t.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when PyTorch sees one")
+    t.add_argument("--restart", action="store_true", help="discard the run saved in --run-dir and start over")
     t.add_argument("--seed", type=int, default=0)
 
     b = sub.add_parser("build", help="export the models to ONNX and render the static site")
@@ -235,10 +242,22 @@ def cmd_serve(args) -> None:
 def cmd_train_base(args) -> None:
     from .train_base import TrainConfig, train_and_report
 
-    cfg = TrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
-    log = train_and_report(Path(args.base), cfg)
-    print(f"wrote {args.base}: validation loss {log['validation']['loss_continue']:.3f}, "
-          f"proofread exact-fix {log['validation']['proofread_exact_fix']:.1%}")
+    import shutil
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
+    options = {"steps": args.steps, "minutes": args.minutes, "batch_size": args.batch_size,
+               "checkpoint_minutes": args.checkpoint_minutes}
+    cfg = TrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
+    run_dir = Path(args.run_dir)
+    if args.restart:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    log = train_and_report(Path(args.base), cfg, run_dir, device=args.device, note=lambda msg: sys.stderr.write(msg + "\n"))
+    v = log["validation"]
+    print(f"wrote {args.base}: {v['bits_per_byte']:.3f} bits per byte on validation text, proofread exact-fix "
+          f"{v['proofread_exact_fix']:.1%}, summarize word overlap {v['summarize_overlap_f1']:.3f}")
 
 
 def cmd_train_head(args) -> None:
