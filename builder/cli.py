@@ -73,6 +73,8 @@ def build_parser() -> Parser:
     t.add_argument("--batch-size", type=positive_int, help="sequences per step (default 8)")
     t.add_argument("--checkpoint-minutes", type=float, help="minutes between checkpoints (default 5)")
     t.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when PyTorch sees one")
+    t.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's, one per core)")
+    t.add_argument("--sources", help="comma-separated corpus packages (default: all of builder/corpus.py's SOURCES)")
     t.add_argument("--restart", action="store_true", help="discard the run saved in --run-dir and start over")
     t.add_argument("--seed", type=int, default=0)
 
@@ -248,8 +250,11 @@ def cmd_train_base(args) -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     options = {"steps": args.steps, "minutes": args.minutes, "batch_size": args.batch_size,
-               "checkpoint_minutes": args.checkpoint_minutes}
+               "checkpoint_minutes": args.checkpoint_minutes,
+               "sources": tuple(args.sources.split(",")) if args.sources else None}
     cfg = TrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     run_dir = Path(args.run_dir)
     if args.restart:

@@ -41,7 +41,10 @@ from .model import Llama, LlamaConfig, save_llama
 from .tasks import EOS, SPECIAL_TOKENS, TASKS, encode_text
 
 # The shipped base's shape: deep and thin like on-device models (see the model card for the alternatives).
-DEEP = dict(num_hidden_layers=24, hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=4)
+DEEP = dict(num_hidden_layers=24, hidden_size=192, intermediate_size=512, num_attention_heads=6, num_key_value_heads=2)
+
+
+TOKENIZER_SAMPLE = 100_000  # training paragraphs the tokenizer learns its merges from (about 20 M characters)
 
 
 @dataclass
@@ -57,7 +60,7 @@ class TrainConfig:
     warmup: int = 100
     cooldown: float = 0.2         # the last share of the steps decays the learning rate linearly to lr/10
     weight_decay: float = 0.1
-    proofread_share: float = 0.25  # proofread examples per training paragraph
+    proofread_share: float = 0.5  # proofread examples per training paragraph
     summarize_share: float = 1.0  # share of the training corpus's summarize pairs in the stream
     checkpoint_minutes: float = 5.0
 
@@ -93,21 +96,24 @@ def section_texts(sections) -> list[str]:
 
 
 def build_stream(tok: Tokenizer, texts: list[str], pairs: dict[str, list[tuple[str, str]]], seed: int):
-    """(ids, weights): the shuffled examples, concatenated, and per token 1 where it is a training target.
+    """(ids, weights, tokens): the shuffled examples, concatenated; per token 1 where it is a training
+    target; and the stream's tokens per task.
 
     texts: continue examples; pairs: task -> (what the model reads, what it writes) for proofread and summarize.
     """
     sid = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     enc = lambda strings: [e.ids for e in tok.encode_batch(strings, add_special_tokens=False)]  # noqa: E731
     examples = [([sid[TASKS["continue"][0]]], body + [sid[EOS]]) for body in enc(texts)]
+    tokens = {"continue": sum(len(p) + len(a) for p, a in examples)}
     for task, task_pairs in pairs.items():
         marker, sep = (sid[t] for t in TASKS[task])
         reads, writes = enc([a for a, _ in task_pairs]), enc([b for _, b in task_pairs])
         examples += [([marker] + r + [sep], w + [sid[EOS]]) for r, w in zip(reads, writes)]
+        tokens[task] = sum(len(r) + len(w) + 3 for r, w in zip(reads, writes))
     random.Random(seed).shuffle(examples)
     ids = np.fromiter((i for p, a in examples for i in p + a), dtype=np.int64)
     weights = np.fromiter((w for p, a in examples for w in [0] * len(p) + [1] * len(a)), dtype=np.float32)
-    return ids, weights
+    return ids, weights, tokens
 
 
 def training_pairs(corpus: Corpus, cfg: TrainConfig) -> dict[str, list[tuple[str, str]]]:
@@ -130,11 +136,12 @@ def prepare_data(run_dir: Path, cfg: TrainConfig, corpus: Corpus | None = None, 
     t0 = time.time()
     corpus = corpus or load_corpus(cfg.sources)
     note(f"corpus: {len(corpus.train):,} training paragraphs from {len(cfg.sources)} sources; training the tokenizer")
-    tok = train_tokenizer(corpus.train, cfg.vocab_size)
+    sample = random.Random(cfg.seed).sample(corpus.train, min(len(corpus.train), TOKENIZER_SAMPLE))
+    tok = train_tokenizer(sample, cfg.vocab_size)
     pairs = training_pairs(corpus, cfg)
     texts = section_texts(corpus.train_sections)
-    ids, weights = build_stream(tok, texts, pairs, cfg.seed)
-    info = {"stream_tokens": int(len(ids)), "target_tokens": int(weights.sum()),
+    ids, weights, tokens = build_stream(tok, texts, pairs, cfg.seed)
+    info = {"stream_tokens": int(len(ids)), "target_tokens": int(weights.sum()), "tokens_per_task": tokens,
             "continue_examples": len(texts), **{f"{t}_pairs": len(p) for t, p in pairs.items()},
             "train_chars": sum(map(len, corpus.train)), "validation_chars": sum(map(len, corpus.validation)),
             "train_paragraphs": len(corpus.train), "validation_paragraphs": len(corpus.validation),
@@ -143,6 +150,7 @@ def prepare_data(run_dir: Path, cfg: TrainConfig, corpus: Corpus | None = None, 
     run_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(run_dir / "tokenizer.json"))
     np.savez(run_dir / "stream.npz", ids=ids.astype(np.uint16 if cfg.vocab_size <= 65536 else np.int64), weights=weights)
+    (run_dir / "validation.json").write_text(json.dumps(corpus.validation_sections, ensure_ascii=False))
     meta_path.write_text(json.dumps({"key": key, "info": info}, indent=2) + "\n")
     note(f"stream: {len(ids) / 1e6:.1f} M tokens ({info['seconds']} s)")
     return tok, ids, weights, info
@@ -342,7 +350,8 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
 
     model, tok = load_llama(out), load_tokenizer(out)
     eos = model.config.eos_token_id
-    python_validation = [p for p in load_corpus(PYTHON).validation if p in set(corpus.validation)]
+    validation = set(corpus.validation)
+    python_validation = [p for p in load_corpus(PYTHON).validation if p in validation]
 
     def answer(task: str, text: str) -> str:
         prompt = encode_prompt(tok, task, text)
@@ -378,6 +387,9 @@ def missing_packages(sources) -> list[str]:
 
 def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None, note=print) -> dict:
     """What `train-base` does: train (or resume) in run_dir, save to out, evaluate on validation, write the card."""
+    unknown = [s for s in cfg.sources if s not in SOURCES]
+    if unknown:
+        raise DataError(f"unknown corpus source {unknown[0]!r}: choose from {', '.join(SOURCES)}")
     missing = missing_packages(cfg.sources)
     if missing and not (run_dir / "data.json").is_file():
         raise DataError(f"the corpus needs Debian's documentation packages: apt-get install {' '.join(missing)}")
@@ -385,8 +397,9 @@ def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | N
     out.mkdir(parents=True, exist_ok=True)
     save_llama(model, out)
     tok.save(str(out / "tokenizer.json"))
-    corpus = load_corpus(cfg.sources)
-    log["validation"] = evaluate(out, corpus, cfg)
+    sections = [(h, paras) for h, paras in json.loads((run_dir / "validation.json").read_text())]
+    validation = Corpus([], [p for _, paras in sections for p in paras], (0, 0), validation_sections=sections)
+    log["validation"] = evaluate(out, validation, cfg)
     (out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False) + "\n")
     write_card(out, log)
     return log

@@ -62,7 +62,8 @@ def test_a_run_with_other_settings_is_not_resumed(tmp_path, small):
 
 def test_loss_is_taken_only_on_what_the_model_writes(small):
     tok = train_tokenizer(small.train, 400)
-    ids, weights = build_stream(tok, ["Some text."], {"summarize": [("A long passage.", "Its title")]}, seed=0)
+    ids, weights, tokens = build_stream(tok, ["Some text."], {"summarize": [("A long passage.", "Its title")]}, seed=0)
+    assert sum(tokens.values()) == len(ids)
     sid = {t: tok.token_to_id(t) for t in ("<|summarize|>", "<|summary|>", "<|continue|>", EOS)}
     start = int(np.flatnonzero(ids == sid["<|summarize|>"])[0])
     sep = int(np.flatnonzero(ids == sid["<|summary|>"])[0])
