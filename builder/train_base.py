@@ -174,7 +174,8 @@ def weighted_loss(model: Llama, x, y, w) -> torch.Tensor:
 def stream_loss(model: Llama, ids: np.ndarray, weights: np.ndarray, block: int) -> tuple[float, float]:
     """(total weighted loss in nats, total weight) over consecutive windows covering the whole stream."""
     total, count = 0.0, 0.0
-    n = (len(ids) - 1) // block
+    n = -(-(len(ids) - 1) // block)  # the last window padded with weight 0
+    ids, weights = np.pad(ids, (0, n * block + 1 - len(ids))), np.pad(weights, (0, n * block + 1 - len(weights)))
     for i in range(0, n, 16):
         rows = range(i, min(i + 16, n))
         idx = np.array([np.arange(r * block, r * block + block + 1) for r in rows])
@@ -229,6 +230,11 @@ def optimizer(model: Llama, cfg: TrainConfig) -> torch.optim.AdamW:
                               {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
+def interrupt(signum, frame):
+    """SIGTERM (kill, a closing session) ends the run as Ctrl-C does: saved, resumable."""
+    raise KeyboardInterrupt
+
+
 def train_base(run_dir: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None,
                device: str | None = None, stop_at: int | None = None, note=print) -> tuple[Llama, Tokenizer, dict]:
     """Trains (or resumes) the run in run_dir; returns the model, its tokenizer and a log. stop_at: save
@@ -258,10 +264,10 @@ def train_base(run_dir: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = 
     def save():
         save_checkpoint(run_dir, key, model, opt, state)
 
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, interrupt)
     bar = tqdm(total=state.steps or None, initial=state.step, desc="train-base", unit="step", dynamic_ncols=True)
     last_save, t_session = time.time(), time.time()
-    seconds_before = state.train_seconds
+    seconds_before, first_step = state.train_seconds, state.step
     model.train()
     try:
         while not state.steps or state.step < state.steps:
@@ -281,8 +287,8 @@ def train_base(run_dir: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = 
             state.train_seconds = seconds_before + time.time() - t_session
             bar.update(1)
             if state.step % 5 == 0:
-                bar.set_postfix(loss=f"{np.mean(state.losses[-50:]):.3f}",
-                                tok_s=f"{(state.step - (saved or {'state': {'step': 0}})['state']['step']) * cfg.batch_size * cfg.block_size / (time.time() - t_session):.0f}")
+                tokens = (state.step - first_step) * cfg.batch_size * cfg.block_size
+                bar.set_postfix(loss=f"{np.mean(state.losses[-50:]):.3f}", tok_s=f"{tokens / (time.time() - t_session):.0f}")
             if timing and state.step == timing[0] + 3:
                 timing = (state.step, time.time())  # the first steps warm up: time the next ones
             elif timing and state.step == timing[0] + 10:
@@ -316,7 +322,7 @@ def train_base(run_dir: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = 
 def bits_per_byte(model: Llama, tok: Tokenizer, paragraphs: list[str]) -> float:
     """Bits per UTF-8 byte of the paragraphs as continue examples (each token of the text, not the end
     token): comparable across tokenizers. The windows are the model's own context length."""
-    prefix = tok.tasks["continue"]["prefix"] if hasattr(tok, "tasks") else []
+    prefix = tok.tasks["continue"]["prefix"]  # tok from load_tokenizer
     eos = model.config.eos_token_id
     ids, weights = [], []
     for p in paragraphs:
@@ -324,9 +330,7 @@ def bits_per_byte(model: Llama, tok: Tokenizer, paragraphs: list[str]) -> float:
         ids += prefix + body + [eos]
         weights += [0] * len(prefix) + [1] * len(body) + [0]
     nats, _ = stream_loss(model, np.array(ids), np.array(weights, dtype=np.float32), model.config.max_position_embeddings)
-    n = (len(ids) - 1) // model.config.max_position_embeddings * model.config.max_position_embeddings
-    covered = n / max(1, len(ids) - 1)  # the windows leave out the stream's last partial window
-    return nats / math.log(2) / (covered * sum(len(p.encode("utf-8")) for p in paragraphs))
+    return nats / math.log(2) / sum(len(p.encode("utf-8")) for p in paragraphs)
 
 
 def overlap_f1(got: str, expected: str) -> float:
@@ -430,6 +434,9 @@ Hugging Face layout: it loads in `transformers`' `LlamaForCausalLM` and `PreTrai
 | context window | {c['max_position_embeddings']} tokens |
 | vocabulary | {c['vocab_size']} byte-level BPE tokens (`tokenizers`, trained on the training split) |
 | special tokens | `<|endoftext|>` (end of sequence, id {c['eos_token_id']}), `<|continue|>`, `<|proofread|>`, `<|fix|>`, `<|summarize|>`, `<|summary|>` |
+
+Why this shape, the alternatives measured (throughput of each on this machine's CPU, vocabulary sizes)
+and the choice of the summarize task: the project's `docs/deep-base.md`.
 
 ## Data
 
