@@ -84,3 +84,13 @@ def test_bits_per_byte_and_overlap(base, tokenizer, corpus):
     assert 0.5 < bpb < 3.0, f"the shipped base's bits per byte {bpb} is implausible"
     assert overlap_f1("Using the copy module", "using the copy module") == 1.0
     assert overlap_f1("a b", "c d") == 0.0 and 0 < overlap_f1("the copy module", "copy things") < 1
+
+
+def test_missing_corpus_packages_are_named_with_their_install_line(tmp_path, monkeypatch):
+    from builder import corpus as corpus_module
+    from builder.corpus import DataError, Source
+    from builder.train_base import train_and_report
+
+    monkeypatch.setitem(corpus_module.SOURCES, "no-such-doc", Source("no-such-doc", str(tmp_path / "absent"), "*.html", "html", "-"))
+    with pytest.raises(DataError, match="apt-get install no-such-doc"):
+        train_and_report(tmp_path / "out", tiny_cfg(sources=("python3.11-doc", "no-such-doc")), tmp_path / "run")
