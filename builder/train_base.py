@@ -357,17 +357,19 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
     validation = set(corpus.validation)
     python_validation = [p for p in load_corpus(PYTHON).validation if p in validation]
 
-    def answer(task: str, text: str) -> str:
-        prompt = encode_prompt(tok, task, text)
-        return decode(tok, decode_ar(model, prompt, min(64, cfg.block_size - len(prompt)), eos).ids).strip()
+    def fits(task: str, text: str) -> bool:  # room for an answer in the context window
+        return len(encode_prompt(tok, task, text)) + 16 <= cfg.block_size
 
-    proofread = proofread_pairs(corpus.validation, cfg.seed + 1)[:n_proofread]
+    def answer(task: str, text: str, most: int = 64) -> str:
+        prompt = encode_prompt(tok, task, text)
+        return decode(tok, decode_ar(model, prompt, min(most, cfg.block_size - len(prompt)), eos).ids).strip()
+
+    proofread = [(t, c) for t, c in proofread_pairs(corpus.validation, cfg.seed + 1) if fits("proofread", t)][:n_proofread]
     fixed = sum(answer("proofread", typo) == correct for typo, correct in proofread)
-    summaries = [(answer("summarize", passage), title) for passage, title in summary_pairs(corpus.validation_sections)[:n_summarize]]
-    samples = []
-    for p in validation_prompts(corpus, 3, seed=cfg.seed + 2, tasks=tuple(tok.tasks)):
-        got = decode_ar(model, encode_prompt(tok, p["task"], p["prompt"]), 48, eos)
-        samples.append({**p, "output": decode(tok, got.ids)})
+    passages = [(p, t) for p, t in summary_pairs(corpus.validation_sections) if fits("summarize", p)][:n_summarize]
+    summaries = [(answer("summarize", passage), title) for passage, title in passages]
+    samples = [{**p, "output": answer(p["task"], p["prompt"], 48)}
+               for p in validation_prompts(corpus, 3, seed=cfg.seed + 2, tasks=tuple(tok.tasks)) if fits(p["task"], p["prompt"])]
     return {"bits_per_byte": bits_per_byte(model, tok, corpus.validation),
             "bits_per_byte_python_validation": bits_per_byte(model, tok, python_validation),
             "python_validation_paragraphs": len(python_validation),
@@ -389,21 +391,23 @@ def missing_packages(sources) -> list[str]:
     return missing
 
 
-def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None, note=print) -> dict:
-    """What `train-base` does: train (or resume) in run_dir, save to out, evaluate on validation, write the card."""
+def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None, note=print,
+                     model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None, n_eval: int = 200) -> dict:
+    """What `train-base` does: train (or resume) in run_dir, save to out, evaluate on validation, write the card.
+    model_cfg, corpus and n_eval (validation prompts per task) make small runs for tests."""
     unknown = [s for s in cfg.sources if s not in SOURCES]
     if unknown:
         raise DataError(f"unknown corpus source {unknown[0]!r}: choose from {', '.join(SOURCES)}")
     missing = missing_packages(cfg.sources)
     if missing and not (run_dir / "data.json").is_file():
         raise DataError(f"the corpus needs Debian's documentation packages: apt-get install {' '.join(missing)}")
-    model, tok, log = train_base(run_dir, cfg, device=device, note=note)
+    model, tok, log = train_base(run_dir, cfg, model_cfg, corpus, device=device, note=note)
     out.mkdir(parents=True, exist_ok=True)
     save_llama(model, out)
     tok.save(str(out / "tokenizer.json"))
     sections = [(h, paras) for h, paras in json.loads((run_dir / "validation.json").read_text())]
     validation = Corpus([], [p for _, paras in sections for p in paras], (0, 0), validation_sections=sections)
-    log["validation"] = evaluate(out, validation, cfg)
+    log["validation"] = evaluate(out, validation, cfg, n_eval, n_eval)
     (out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False) + "\n")
     write_card(out, log)
     return log

@@ -15,9 +15,9 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 
 @pytest.fixture(scope="module")
 def small(corpus):
-    n = 300
-    return Corpus(corpus.train[:n], corpus.validation[:20], corpus.files, corpus.train_sections[:60],
-                  corpus.validation_sections[:10], corpus.sources)
+    train, validation = corpus.train_sections[:60], corpus.validation_sections[:4]
+    flat = lambda sections: [p for _, paras in sections for p in paras]  # noqa: E731
+    return Corpus(flat(train), flat(validation), corpus.files, train, validation, corpus.sources)
 
 
 def tiny_cfg(**kw):
@@ -94,3 +94,17 @@ def test_missing_corpus_packages_are_named_with_their_install_line(tmp_path, mon
     monkeypatch.setitem(corpus_module.SOURCES, "no-such-doc", Source("no-such-doc", str(tmp_path / "absent"), "*.html", "html", "-"))
     with pytest.raises(DataError, match="apt-get install no-such-doc"):
         train_and_report(tmp_path / "out", tiny_cfg(sources=("python3.11-doc", "no-such-doc")), tmp_path / "run")
+
+
+def test_train_and_report_writes_a_checkpoint_with_its_card(tmp_path, small):
+    from builder.train_base import train_and_report
+
+    out = tmp_path / "base"
+    log = train_and_report(out, tiny_cfg(block_size=64), tmp_path / "run", note=lambda m: None,
+                           model_cfg=LlamaConfig(**TINY), corpus=small, n_eval=3)
+    v = log["validation"]
+    assert 0 < v["bits_per_byte"] < 20 and v["python_validation_paragraphs"] == len(small.validation)
+    assert v["proofread_evaluated"] == 3 and v["summarize_evaluated"] <= 3 and v["samples"]
+    card = (out / "README.md").read_text()
+    assert "bits per byte" in card and "summarize" in card and "python3.11-doc" in card
+    assert load_tokenizer(out).tasks.keys() == TASKS.keys()
