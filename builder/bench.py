@@ -49,9 +49,10 @@ def modes(ks) -> list[tuple[str, int]]:
 
 
 # --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds) ------------------
-# a runner may have .profile(): where a step's time goes, {"base T=5": {"median_ms", "runs"}, "head k=4": ..}
 
 def python_runner(runtime: str, base_dir: Path, head_dir: Path, drafter_dir: Path, onnx_dir: Path):
+    """The runner of a Python runtime and, for onnx-cpu, a function giving where a step's time went
+    ({"base T=5": {"median_ms", "runs"}, "head k=4": ..}; None for torch)."""
     from .drafter import torch_drafter
     from .export import load_drafter
     from .generate import TorchBackend, decode
@@ -80,18 +81,19 @@ def python_runner(runtime: str, base_dir: Path, head_dir: Path, drafter_dir: Pat
         out = decode(backend, prompt_ids, n, eos, k)
         return out.ids, out.steps, out.accepted, time.perf_counter() - t0
 
-    if runtime != "torch":
-        def profile() -> dict:
-            """The median wall time of each kind of graph run over the whole measurement, all modes pooled."""
-            seconds = {}
-            for b in made.values():
-                for what, s in b.run_seconds.items():
-                    seconds.setdefault(what, []).extend(s)
-            return {what: {"median_ms": round(statistics.median(s) * 1000, 4), "runs": len(s)}
-                    for what, s in sorted(seconds.items(), key=lambda i: (i[0].split()[0], int(i[0].split("=")[1])))}
+    if runtime == "torch":
+        return run, None
 
-        run.profile = profile
-    return run
+    def profile() -> dict:
+        """The median wall time of each kind of graph run over the whole measurement, all modes pooled."""
+        seconds = {}
+        for b in made.values():
+            for what, s in b.run_seconds.items():
+                seconds.setdefault(what, []).extend(s)
+        return {what: {"median_ms": round(statistics.median(s) * 1000, 4), "runs": len(s)}
+                for what, s in sorted(seconds.items(), key=lambda i: (i[0].split()[0], int(i[0].split("=")[1])))}
+
+    return run, profile
 
 
 def browser_runner(page):
@@ -108,7 +110,7 @@ def browser_runner(page):
 # --- measuring ---------------------------------------------------------------------------------------
 
 def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> list[dict]:
-    from .generate import compare_to_reference
+    from .generate import acceptance, compare_to_reference
 
     items = {task: prompts[task][: plan.prompts] for task in TASKS}
     for task in TASKS:  # warm-up: every mode once, so no round pays for first-run compilation
@@ -136,15 +138,13 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
                 f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)) + " tokens/s")
     results = []
     for (task, mode, k), r in rounds.items():
-        acc = r["accepted"]
         ar = statistics.median(rounds[(task, "ar", 0)]["tps"])
         tps = statistics.median(r["tps"])
-        tau = sum(a + 1 for a in acc) / len(acc) if acc else 1.0  # CONTRACT.md: mean over steps of accepted + 1
+        tau, by_position = acceptance(r["accepted"], k)
         results.append({"runtime": runtime, "task": task, "mode": mode, "k": k, "prompts": plan.prompts,
                         "new_tokens": plan.new_tokens, "tokens_per_s": round(tps, 2),
                         "tokens_per_s_rounds": [round(x, 2) for x in r["tps"]],
-                        "tau": round(tau, 3), "accept_by_position": [round(sum(a >= i for a in acc) / len(acc), 3)
-                                                                    for i in range(1, k + 1)] if acc else [],
+                        "tau": round(tau, 3), "accept_by_position": [round(a, 3) for a in by_position],
                         "speedup_vs_ar": round(tps / ar, 3), "speedup_per_tau": round(tps / ar / tau, 3),
                         "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
     return results
@@ -187,10 +187,10 @@ def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, o
     results, profiles = [], {}
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
-            run = python_runner(runtime, base_dir, head_dir, drafter_dir, onnx_dir)
+            run, profile = python_runner(runtime, base_dir, head_dir, drafter_dir, onnx_dir)
             results += measure(runtime, run, prompts, refs, cfg.plans[runtime], log)
-            if hasattr(run, "profile"):
-                profiles[runtime] = run.profile()
+            if profile:
+                profiles[runtime] = profile()
     browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
     if browsers:
         from .browser import chromium, served

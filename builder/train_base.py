@@ -101,10 +101,13 @@ def stream_loss(model: Llama, ids: np.ndarray, weights: np.ndarray, block: int) 
     return total / count
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+def lr_at(step: int, cfg) -> float:
+    """The learning rate of every training command (base, head, drafter) at a step: linear warm-up over
+    cfg.warmup steps (at most a tenth of the run), then cosine decay to cfg.lr / 10 at cfg.steps."""
+    warmup = min(cfg.warmup, max(1, cfg.steps // 10))
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 

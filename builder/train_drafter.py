@@ -22,7 +22,8 @@ from tqdm import tqdm
 from .corpus import load_corpus, validation_prompts
 from .model import Llama, LlamaConfig, load_llama, save_llama
 from .tasks import load_tokenizer
-from .train_head import HeadTrainConfig, greedy_continuations, make_batches, set_lr, training_prompts
+from .train_base import lr_at
+from .train_head import HeadTrainConfig, greedy_continuations, make_batches, training_prompts
 
 
 @dataclass
@@ -64,7 +65,8 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig):
     bar = tqdm(range(cfg.steps), desc="train-drafter", unit="step")
     recent = []
     for step in bar:
-        set_lr(opt, step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
         seqs, valid = next(batches)
         real = seqs != 0
         real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
