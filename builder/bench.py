@@ -175,6 +175,11 @@ def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, o
     from .model import load_llama
     from .tasks import encode_prompt, load_tokenizer
 
+    browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
+    if browsers:
+        from .browser import chromium_path
+
+        chromium_path()  # a missing browser fails now, not after the Python runtimes' measurements
     tok, base = load_tokenizer(base_dir), load_llama(base_dir)
     corpus_prompts = validation_prompts(load_corpus(), max(p.prompts for p in cfg.plans.values()))
     prompts = {t: [(encode_prompt(tok, t, p["prompt"]), p["prompt"]) for p in corpus_prompts if p["task"] == t]
@@ -191,7 +196,6 @@ def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, o
             results += measure(runtime, run, prompts, refs, cfg.plans[runtime], log)
             if profile:
                 profiles[runtime] = profile()
-    browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
     if browsers:
         from .browser import chromium, served
         from .site import build

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from .browser import BrowserError
 from .corpus import DataError
 from .model import CheckpointError
 from .bench import RUNTIMES
@@ -29,6 +30,12 @@ class Parser(argparse.ArgumentParser):
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a whole number between 0 and 65535, got {text!r}")
     return int(text)
 
 
@@ -80,7 +87,7 @@ def build_parser() -> Parser:
 
     s = sub.add_parser("serve", help="serve a built site on 127.0.0.1")
     s.add_argument("--dir", default="build/site", help="the built site")
-    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    s.add_argument("--port", type=port, default=8000, help="0 picks a free port")
 
     h = sub.add_parser("train-head", help="reproduce models/mtp: the MTP head, trained on the frozen base")
     h.add_argument("--base", default="models/base", help="the frozen base checkpoint")
@@ -227,8 +234,6 @@ def cmd_build(args) -> None:
 def cmd_serve(args) -> None:
     from .site import serve
 
-    if not 0 <= args.port <= 65535:
-        raise PromptError(f"--port must be between 0 and 65535, got {args.port}")
     serve(Path(args.dir), args.port)
 
 
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         COMMANDS[args.command](args)
-    except (CheckpointError, PromptError, DataError, SiteError) as e:
+    except (CheckpointError, PromptError, DataError, SiteError, BrowserError) as e:
         sys.stderr.write(f"error: {e}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
