@@ -14,8 +14,7 @@ from builder.generate import compare_to_reference, decode_ar
 from builder.model import load_llama
 from builder.mtp import base_fingerprint
 from builder.tasks import encode_prompt, load_tokenizer
-from tests.conftest import Page
-from tests.test_cli import run
+from tests.conftest import Page, run
 
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, bos_token_id=0, eos_token_id=1,

@@ -9,6 +9,7 @@ import transformers
 
 from builder.generate import decode_ar
 from builder.model import CheckpointError, Llama, LlamaConfig, load_llama, save_llama
+from tests.conftest import BASE_DIR
 
 SMALL = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -66,8 +67,6 @@ def test_transformers_checkpoint_loads_in_builder_with_same_logits_and_tokens(tm
 
 
 def test_shipped_base_matches_transformers(base, tokenizer):
-    from tests.conftest import BASE_DIR
-
     hf = transformers.LlamaForCausalLM.from_pretrained(BASE_DIR, attn_implementation="eager").eval()
     ids = torch.tensor([tokenizer.encode("The sqlite3 module provides an interface to databases.").ids])
     diff = (base(ids)[0] - hf_logits(hf, ids)).abs().max().item()
