@@ -102,7 +102,8 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
     out.mkdir(parents=True, exist_ok=True)
     save_llama(drafter, out)
     shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
-    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), range(1, 7),
+    ks = range(1, HeadTrainConfig().k + 1)  # the k of the head's table, for a side-by-side comparison
+    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), ks,
                                            drafter=torch_drafter(drafter))
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log)
