@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from builder.generate import decode_ar
+from builder.generate import TorchBackend, decode_ar
 from builder.model import CheckpointError, Llama, LlamaConfig, load_llama, save_llama
 from tests.conftest import BASE_DIR
 
@@ -93,15 +93,20 @@ def test_cached_passes_equal_one_full_pass():
 
 
 def test_rollback_is_a_prefix_view_of_the_cache():
-    """Discarding rejected positions = keeping the first n: the view must act as a cache of length n."""
+    """Discarding rejected positions = keeping the first n: a view, no copy, that acts as a cache of length n."""
     model = Llama(LlamaConfig(**SMALL))
     model.init_weights(seed=4)
     ids = torch.randint(0, SMALL["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(3))
-    _, _, cache = model(ids[:, :12])                  # 12 positions, of which the last 4 get "rejected"
-    view = [(k[:, :8], v[:, :8]) for k, v in cache]
-    assert view[0][0].data_ptr() == cache[0][0].data_ptr(), "rollback must not copy"
-    got, _, _ = model(ids[:, 8:9] * 0 + 7, view)
-    want, _, _ = model(torch.cat((ids[:, :8], ids[:, :1] * 0 + 7), dim=1))
+    backend = TorchBackend(model)
+    fed = backend.prefill(ids[0, :12].tolist())      # 12 positions, of which the last 4 get "rejected"
+    kept = backend.rollback(fed, 8)
+    assert kept.ids == ids[0, :8].tolist() and kept.hidden.shape[0] == 8
+    for (k, v), (k0, v0) in zip(kept.cache, fed.cache):
+        assert k.shape[1] == v.shape[1] == 8, "the cache must hold the 8 kept positions"
+        assert k.data_ptr() == k0.data_ptr() and v.data_ptr() == v0.data_ptr(), "rollback must not copy"
+    seven = torch.tensor([[7]])
+    got, _, _ = model(seven, kept.cache)
+    want, _, _ = model(torch.cat((ids[:, :8], seven), dim=1))
     assert (got[:, -1] - want[:, -1]).abs().max() < 1e-5
 
 
