@@ -53,17 +53,17 @@ def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
         "[stopped: the prompt and the new tokens fill the context window of 256 tokens]", "[the model ended the text]")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--max-new-tokens", "0"], "--max-new-tokens: must be a whole number of at least 1, got '0'"),
-    (["--max-new-tokens", "-3"], "--max-new-tokens"),
-    (["--max-new-tokens", "many"], "'many'"),
-    (["--mode", "mtp", "--k", "0"], "--k must be between 1 and 16, got 0"),
-    (["--mode", "drafter", "--k", "17"], "--k must be between 1 and 16, got 17"),
-    (["--mode", "mtp", "--k", "7", "--backend", "onnx"], "--k must be at most 6 with --backend onnx"),
-    (["--mode", "fast"], "invalid choice: 'fast'"),
+@pytest.mark.parametrize("args, fragments", [
+    (["--max-new-tokens", "0"], ["--max-new-tokens: must be a whole number of at least 1, got '0'"]),
+    (["--max-new-tokens", "-3"], ["--max-new-tokens"]),
+    (["--max-new-tokens", "many"], ["'many'"]),
+    (["--mode", "mtp", "--k", "0"], ["--k must be between 1 and", "got 0"]),
+    (["--mode", "drafter", "--k", "17"], ["--k must be between 1 and 16", "got 17"]),
+    (["--mode", "mtp", "--k", "7", "--backend", "onnx"], ["--k must be", " 6 ", "got 7"]),  # the head drafts 6
+    (["--mode", "fast"], ["invalid choice: 'fast'"]),
 ])
-def test_out_of_range_options_are_a_clear_error(args, fragment, onnx_dir):
-    expect_error(run("generate", "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), fragment)
+def test_out_of_range_options_are_a_clear_error(args, fragments, onnx_dir):
+    expect_error(run("generate", "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), *fragments)
 
 
 def test_odd_text_is_decoded_as_text(tmp_path, tokenizer):
