@@ -39,6 +39,8 @@ class Decoded:
 
 
 STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
+DEFAULT_K = 4                 # drafts per speculative step: the one default of the CLI and (by the manifest) the page
+DEFAULT_MAX_NEW_TOKENS = 32   # likewise
 
 
 def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:

@@ -11,10 +11,13 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
+from builder.export import Checkpoints
+
 ROOT = Path(__file__).resolve().parent.parent
 BASE_DIR = ROOT / "models" / "base"
 HEAD_DIR = ROOT / "models" / "mtp"
 DRAFTER_DIR = ROOT / "models" / "drafter"
+SHIPPED = Checkpoints(BASE_DIR, HEAD_DIR, DRAFTER_DIR)
 
 torch.set_num_threads(2)
 
@@ -79,7 +82,7 @@ def onnx_dir(tmp_path_factory):
     from builder.export import export
 
     out = tmp_path_factory.mktemp("onnx")
-    export(BASE_DIR, HEAD_DIR, out, drafter_dir=DRAFTER_DIR)
+    export(SHIPPED, out)
     return out
 
 
@@ -90,7 +93,7 @@ def site(onnx_dir, tmp_path_factory):
     from builder.site import build
 
     out = tmp_path_factory.mktemp("site")
-    build(BASE_DIR, HEAD_DIR, DRAFTER_DIR, out, onnx_dir, note=lambda msg: None)
+    build(SHIPPED, out, onnx_dir, note=lambda msg: None)
     return out
 
 

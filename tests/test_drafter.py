@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from builder.drafter import torch_drafter
-from builder.export import load_drafter
+from builder.drafter import load_drafter, torch_drafter
 from builder.generate import TorchBackend, compare_to_reference, decode, decode_ar
 from builder.model import CheckpointError, LlamaConfig, Llama, save_llama
 from builder.mtp import load_head
@@ -65,13 +64,12 @@ def test_drafter_speculative_decoding_equals_the_reference(base, drafter, tokeni
 
 
 def test_onnx_drafter_equals_the_reference(base, onnx_dir, tokenizer, validation_prompts):
-    backend = OnnxBackend(onnx_dir, with_drafter=True)
     eos = base.config.eos_token_id
     for p in validation_prompts[::6]:
         ids = encode_prompt(tokenizer, p["task"], p["prompt"])
         ref = decode_ar(base, ids, 32, eos)
         for k in (2, 5):
-            out = decode(backend, ids, 32, eos, k)
+            out = decode(OnnxBackend(onnx_dir, "drafter", k), ids, 32, eos, k)
             verdict, at = compare_to_reference(ref, out.ids)
             assert verdict != "mismatch", f"{p['prompt']!r} k={k}: first mismatch at token {at}"
 
