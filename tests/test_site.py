@@ -68,7 +68,8 @@ def test_build_copies_only_what_the_page_needs(site):
     graphs = ["base", "drafter", *heads]
     assert sorted(manifest["files"]) == sorted([f"{g}{v}.onnx" for g in graphs for v in ("", ".fp16")])
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
-    expected = {"index.html", "app.mjs", "mtp.mjs", "style.css", "models/manifest.json", "models/tokenizer.json",
+    modules = ["app.mjs", "load.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs"]
+    expected = {"index.html", *modules, "style.css", "models/manifest.json", "models/tokenizer.json",
                 *(f"models/{f}" for f in manifest["files"]), *VENDOR.values()}
     assert files == expected
     html = (site / "index.html").read_text()
