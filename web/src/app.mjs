@@ -26,9 +26,7 @@ function mb(bytes) {
 }
 
 /** The largest k of a mode's draft source, from the manifest. */
-function kMax(manifest, mode) {
-  return mode === 'drafter' ? manifest.drafter.k ?? manifest.head.k : manifest.head.k;
-}
+const kMax = (manifest, mode) => (mode === 'drafter' ? manifest.drafter : manifest.head).k;
 
 // ---------------------------------------------------------------- loading
 
@@ -88,10 +86,7 @@ function onLoadFailure(e) {
 
 // the promise of the models in use, {models, info}: replaced when the page falls back to WASM
 let current = chooseBackend(params.get('backend'), params.get('precision')).then((choice) => load(choice));
-const ready = current.then((loaded) => {
-  showDefaults(loaded.models.manifest);
-  return loaded;
-});
+const ready = current;
 ready.catch(onLoadFailure);
 
 // ---------------------------------------------------------------- generation (one at a time)
@@ -122,7 +117,7 @@ function generate({ prompt, task = 'continue', mode = 'mtp', k, maxNewTokens, tr
     await sessions.open(backend.graphs);  // open (download) the graphs this mode needs before the clock starts
     const t0 = performance.now();
     let firstTokenMs = null;
-    let out;
+    let out, ms;
     try {
       out = await decode(backend, promptIds, {
         maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, signal,
@@ -131,6 +126,7 @@ function generate({ prompt, task = 'continue', mode = 'mtp', k, maxNewTokens, tr
           onStep?.(sofar, performance.now() - t0);
         },
       });
+      ms = performance.now() - t0;
     } catch (e) {
       if (e instanceof DeviceLostError) {
         throw new DeviceLostError(`${e.message} during this generation: the page is reloading the models on WASM; ` +
@@ -141,7 +137,7 @@ function generate({ prompt, task = 'continue', mode = 'mtp', k, maxNewTokens, tr
       backend.close();
     }
     return { promptIds, ids: out.ids, text: tokenizer.decode(out.ids), steps: out.steps, accepted: out.accepted,
-      ms: performance.now() - t0, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
+      ms, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
       k: source ? k : 0, task, stopped: out.stopped, ...(trace ? { trace: backend.trace } : {}) };
   });
   chain = job.catch(() => {});
@@ -164,16 +160,6 @@ window.frozenMTP = {
 
 const task = () => document.querySelector('input[name=task]:checked').value;
 
-/** The controls start at the manifest's defaults; k's range follows the mode's draft source. */
-function showDefaults(manifest) {
-  $('k').value = $('k-value').textContent = manifest.defaults.k;
-  $('max-new').value = manifest.defaults.max_new_tokens;
-  $('mode').addEventListener('change', () => {
-    $('k').max = kMax(manifest, $('mode').value);
-    $('k-value').textContent = $('k').value;
-  });
-}
-
 for (const radio of document.querySelectorAll('input[name=task]')) {
   radio.addEventListener('change', () => {
     for (const list of document.querySelectorAll('.example-list')) list.hidden = list.dataset.task !== task();
@@ -185,7 +171,11 @@ for (const button of document.querySelectorAll('.example')) {
   button.addEventListener('click', () => { $('prompt').value = button.dataset.text; });
 }
 $('k').addEventListener('input', () => { $('k-value').textContent = $('k').value; });
-$('mode').addEventListener('change', () => { $('k').disabled = $('mode').value === 'ar'; });
+$('mode').addEventListener('change', async () => {
+  $('k').disabled = $('mode').value === 'ar';
+  $('k').max = kMax((await current).models.manifest, $('mode').value);  // the template's max is the head's
+  $('k-value').textContent = $('k').value;
+});
 
 /** Streams decided tokens into the output, each marked by how it came; text is decoded incrementally. */
 class Stream {

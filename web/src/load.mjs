@@ -110,20 +110,14 @@ async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
  *   onLost: called once if the WebGPU device is lost
  * @returns {Promise<{manifest: object, tokenizer: TaskTokenizer, sessions: Sessions}>}
  */
-function fromV1(m) {  // TEMPORARY, until the v2 export lands
-  const graphs = (fp16) => Object.fromEntries(Object.entries(m.graphs).map(([n, g]) => [n, { weights: [], ...(fp16 ? g.fp16 : g) }]));
-  return { ...m, format: FORMAT, defaults: { k: 4, max_new_tokens: 32 }, drafter: m.drafter && { ...m.drafter, k: m.head.k },
-    precisions: { fp32: { dtype: 'float32', graphs: graphs(false) }, fp16: { dtype: 'float16', graphs: graphs(true) } } };
-}
-
 export async function loadModels(modelsUrl, { backend, precision, open, onProgress, onLost }) {
   const manifestUrl = new URL('manifest.json', modelsUrl);
-  let manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl)));
-  if (manifest.format === 'frozen-mtp-onnx/1') manifest = fromV1(manifest);
+  const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl)));
   if (manifest.format !== FORMAT) {
     throw new PageError(`${manifestUrl} is not a ${FORMAT} manifest (format ${manifest.format}): rebuild the site`);
   }
-  const json = JSON.parse(new TextDecoder().decode(await fetchBytes(new URL(manifest.tokenizer, modelsUrl))));
+  const json = JSON.parse(new TextDecoder().decode(
+    await fetchBytes(new URL(manifest.tokenizer, modelsUrl), manifest.files[manifest.tokenizer])));
   // special tokens are encoded by id, never parsed out of the user's text: the JS tokenizer gets no added tokens
   const tokenizer = new TaskTokenizer(new Tokenizer({ ...json, added_tokens: [] }, {}), manifest);
   const built = Object.keys(manifest.precisions);
