@@ -87,7 +87,8 @@ def test_the_prompt_format_is_plain_text_after_bos(byo):
     assert ids[0] == 0 and tok.decode(ids[1:]) == "Correct the spelling mistakes in this sentence.\nSentence: Teh cat.\nCorrected:"
     manifest = json.loads((site / "models" / "manifest.json").read_text())
     assert manifest["tasks"] == tok.tasks and manifest["special_tokens"] == {"<s>": 0, "</s>": 1}
-    assert manifest["drafter"] is None and all("fp16" in g for g in manifest["graphs"].values())
+    graphs = {name: set(p["graphs"]) for name, p in manifest["precisions"].items()}
+    assert manifest["drafter"] is None and graphs["fp16"] == graphs["fp32"], graphs  # build's default: both
 
 
 def test_page_equals_python_reference_on_wasm(byo, browser):
