@@ -74,7 +74,8 @@ async function load(choice, since = 0) {
   $('progress-text').textContent = `Models ready in ${(loadMs / 1000).toFixed(1)} s.`;
   for (const id of ['generate', 'compare']) $(id).disabled = false;
   return { models, info: { backend: sessions.backend, adapter: choice.adapter, note: choice.note, modes,
-    kMax: kMax(manifest, 'mtp'), defaults: manifest.defaults, precision: sessions.precision, precisionNote, contextLength: manifest.context_length,
+    kMax: kMax(manifest, 'mtp'), defaults: manifest.defaults, precision: sessions.precision, precisionNote,
+    contextLength: manifest.context_length,
     loadMs } };
 }
 

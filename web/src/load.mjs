@@ -148,16 +148,10 @@ export class Sessions {
     this.lost = null;                // once that device is lost: its GPUDeviceLostInfo
   }
 
-  /** A graph of the manifest in this precision: {file, weights, inputs, outputs}. */
-  graph(name) {
-    if (!this.graphs[name]) throw new PageError(`the manifest has no ${this.precision} graph "${name}"`);
-    return this.graphs[name];
-  }
-
   /** Opens graphs one at a time (DESIGN.md), with one progress bar over the files they still need. */
   async open(names) {
     const todo = names.filter((name) => !this.sessions[name]);
-    const files = new Set(todo.flatMap((name) => [this.graph(name).file, ...this.graph(name).weights])
+    const files = new Set(todo.flatMap((name) => [this.graphs[name].file, ...this.graphs[name].weights])
       .filter((file) => !this.weights[file]));
     const total = [...files].reduce((sum, file) => sum + this.manifest.files[file].bytes, 0);
     let loaded = 0;
@@ -174,12 +168,15 @@ export class Sessions {
 
   /** Downloads a graph and its weights not yet here, each checked against its sha256; creates its session. */
   async create(name, onBytes) {
-    const graph = this.graph(name);
+    const graph = this.graphs[name];
     const model = await this.fetch(graph.file, onBytes);
     const externalData = [];
-    for (const path of graph.weights) externalData.push({ path, data: await (this.weights[path] ??= this.fetch(path, onBytes)) });
+    for (const path of graph.weights) {
+      externalData.push({ path, data: await (this.weights[path] ??= this.fetch(path, onBytes)) });
+    }
     // only token ids come back: every float output stays where it was computed
-    const preferredOutputLocation = Object.fromEntries(graph.outputs.map((o) => [o.name, o.dtype === 'int64' ? 'cpu' : 'gpu-buffer']));
+    const preferredOutputLocation = Object.fromEntries(
+      graph.outputs.map((o) => [o.name, o.dtype === 'int64' ? 'cpu' : 'gpu-buffer']));
     try {
       const session = await ort.InferenceSession.create(model, {
         executionProviders: [this.backend],

@@ -49,7 +49,8 @@ export class OnnxBackend {
     this.dtype = sessions.dtype;
     this.head = source === 'head' ? m.head.by_k[String(k)] : null;
     // head input -> the cache entry it reads (the base's present of the head's KV layer, rolled back)
-    this.headKv = this.head ? mapValues(m.head.kv_inputs, (present) => m.kv.past_inputs[m.kv.present_outputs.indexOf(present)]) : {};
+    const pastOf = (present) => m.kv.past_inputs[m.kv.present_outputs.indexOf(present)];
+    this.headKv = this.head ? mapValues(m.head.kv_inputs, pastOf) : {};
     this.drafter = source === 'drafter' ? this.independentDrafter(m.drafter.kv) : null;
     this.graphs = ['base', ...(this.head ? [this.head] : []), ...(this.drafter ? ['drafter'] : [])];
     this.owned = [];  // the GPU tensors of the latest state: disposed when the next base run replaces them
