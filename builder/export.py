@@ -316,7 +316,8 @@ def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base: Llama,
         "eos_token_id": cfg.eos_token_id,
         "special_tokens": special_tokens(tok.tokenizer),
         "tasks": tok.tasks,
-        "defaults": {"k": DEFAULT_K, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS},
+        "defaults": {"k": min(DEFAULT_K, head.config.k_train) if head else DEFAULT_K,  # a head may draft fewer
+                     "max_new_tokens": DEFAULT_MAX_NEW_TOKENS},
         "kv": kv_layout(first["base"], cfg),
         "head": None if head is None else {
             "k": head.config.k_train, "kv_layer": head.config.kv_layer,
