@@ -22,10 +22,10 @@ SHIPPED = Checkpoints(BASE_DIR, HEAD_DIR, DRAFTER_DIR)
 torch.set_num_threads(2)
 
 
-def run(*args, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+def run(*args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProcess:
     """`python -m builder *args`, its output captured as text."""
     return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=timeout)
 
 
 def expect_error(r: subprocess.CompletedProcess, *fragments):

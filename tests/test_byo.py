@@ -51,7 +51,8 @@ def byo(request, corpus, tmp_path_factory):
     data = root / "my_text.txt"
     data.write_text("\n\n".join(corpus.train[2000:2400]), encoding="utf-8")  # the user's own text
     trained = run("train-head", "--base", str(base_dir), "--head", str(head_dir), "--data", str(data),
-                  "--steps", "40", "--prompts-per-task", "32", "--batch-size", "8", "--eval-prompts", "4")
+                  "--steps", "40", "--prompts-per-task", "32", "--batch-size", "8", "--eval-prompts", "4",
+                  timeout=900)  # 91 s alone on 2 cores; a busy machine takes several times that
     assert trained.returncode == 0, trained.stderr[-2000:]
     built = run("build", "--base", str(base_dir), "--head", str(head_dir), "--out", str(site),
                 "--onnx-dir", str(root / "onnx"))

@@ -60,6 +60,7 @@ def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
     (["--mode", "mtp", "--k", "0"], ["--k must be between 1 and", "got 0"]),
     (["--mode", "drafter", "--k", "17"], ["--k must be between 1 and 16", "got 17"]),
     (["--mode", "mtp", "--k", "7", "--backend", "onnx"], ["--k must be", " 6 ", "got 7"]),  # the head drafts 6
+    (["--mode", "mtp", "--k", "7"], ["--k must be", " 6 ", "got 7"]),  # torch too: the head was trained for 6
     (["--mode", "fast"], ["invalid choice: 'fast'"]),
 ])
 def test_out_of_range_options_are_a_clear_error(args, fragments, onnx_dir):
