@@ -161,7 +161,7 @@ def untranspose(model: onnx.ModelProto, module: nn.Module) -> onnx.ModelProto:
         if w.dim() == 2:
             w = w.detach().cpu().numpy()
             transposed[hashlib.sha256(np.ascontiguousarray(w.T).tobytes()).digest()] = (name, w)
-    names = {t.name for t in model.graph.initializer}
+    have = {t.name for t in model.graph.initializer}
     kept, transposes = [], []
     for t in model.graph.initializer:
         data = onnx.numpy_helper.to_array(t)
@@ -170,9 +170,9 @@ def untranspose(model: onnx.ModelProto, module: nn.Module) -> onnx.ModelProto:
             kept.append(t)
             continue
         name, w = hit
-        if name not in names:
+        if name not in have:
             kept.append(onnx.numpy_helper.from_array(w, name))
-            names.add(name)
+            have.add(name)
         transposes.append(onnx.helper.make_node("Transpose", [name], [t.name], perm=[1, 0], name=f"untranspose_{t.name}"))
     nodes = transposes + list(model.graph.node)  # their inputs are initializers: first in topological order
     del model.graph.initializer[:], model.graph.node[:]
