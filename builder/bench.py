@@ -15,11 +15,14 @@ fewer prompts, tokens and k by default: it shows the page works on WebGPU, not G
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .export import Checkpoints
 
 RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-webgpu")
 TASKS = ("continue", "proofread")
@@ -29,7 +32,7 @@ TASKS = ("continue", "proofread")
 class Plan:
     prompts: int        # validation prompts per task
     new_tokens: int
-    ks: tuple[int, ...]
+    ks: tuple[int, ...] | None  # None: every k the head drafts (1 .. its k_train)
     repeats: int
 
 
@@ -37,9 +40,9 @@ class Plan:
 class BenchConfig:
     runtimes: tuple[str, ...] = RUNTIMES
     plans: dict[str, Plan] = field(default_factory=lambda: {
-        "torch": Plan(10, 48, (1, 2, 3, 4, 5, 6), 3),
-        "onnx-cpu": Plan(10, 48, (1, 2, 3, 4, 5, 6), 3),
-        "browser-wasm": Plan(10, 48, (1, 2, 3, 4, 5, 6), 3),
+        "torch": Plan(10, 48, None, 3),
+        "onnx-cpu": Plan(10, 48, None, 3),
+        "browser-wasm": Plan(10, 48, None, 3),
         "browser-webgpu": Plan(2, 16, (4,), 1),
     })
 
@@ -49,49 +52,55 @@ def modes(ks) -> list[tuple[str, int]]:
 
 
 # --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds) ------------------
-# a runner may have .profile(): where a step's time goes, {"base T=5": {"median_ms", "runs"}, "head k=4": ..}
 
-def python_runner(runtime: str, base_dir: Path, head_dir: Path, drafter_dir: Path, onnx_dir: Path):
-    from .drafter import torch_drafter
-    from .export import load_drafter
+def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
+    """The runner of a Python runtime and, for onnx-cpu, a function giving where a step's time went
+    ({"base T=5": {"median_ms", "runs"}, "head k=4": ..}; None for torch)."""
+    from .drafter import load_drafter, torch_drafter
     from .generate import TorchBackend, decode
     from .model import load_llama
     from .mtp import load_head
 
-    base = load_llama(base_dir)
+    base = load_llama(ckpts.base)
     eos = base.config.eos_token_id
+    made = {}  # (mode, k) -> the ONNX backend running it (the head's graph depends on k)
     if runtime == "torch":
-        head, drafter = load_head(head_dir, base), load_drafter(drafter_dir, base)
-        backends = {"ar": lambda: TorchBackend(base), "mtp": lambda: TorchBackend(base, head=head),
-                    "drafter": lambda: TorchBackend(base, drafter=torch_drafter(drafter))}
+        head, drafter = load_head(ckpts.head, base), load_drafter(ckpts.drafter, base)
+        backends = {"ar": lambda k: TorchBackend(base), "mtp": lambda k: TorchBackend(base, head=head),
+                    "drafter": lambda k: TorchBackend(base, drafter=torch_drafter(drafter))}
     else:
-        from .export import export, is_export_of
+        from .export import ensure_export
         from .onnx_backend import OnnxBackend
 
-        if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
-            export(base_dir, head_dir, onnx_dir, drafter_dir=drafter_dir)
-        made = {"ar": OnnxBackend(onnx_dir), "mtp": OnnxBackend(onnx_dir, with_head=True),
-                "drafter": OnnxBackend(onnx_dir, with_drafter=True)}
-        backends = {mode: (lambda b=b: b) for mode, b in made.items()}
+        ensure_export(ckpts, onnx_dir, ("fp32",))
+        source = {"ar": None, "mtp": "head", "drafter": "drafter"}
+
+        def onnx_backend(mode, k):
+            if (mode, k) not in made:
+                made[mode, k] = OnnxBackend(onnx_dir, source[mode], k)
+            return made[mode, k]
+
+        backends = {mode: (lambda k, mode=mode: onnx_backend(mode, k)) for mode in source}
 
     def run(prompt_ids, text, task, mode, k, n):
-        backend = backends[mode]()  # a fresh drafter state per decode, as the page has
+        backend = backends[mode](k)  # torch: a fresh drafter state per decode, as the page has
         t0 = time.perf_counter()
         out = decode(backend, prompt_ids, n, eos, k)
         return out.ids, out.steps, out.accepted, time.perf_counter() - t0
 
-    if runtime != "torch":
-        def profile() -> dict:
-            """The median wall time of each kind of graph run over the whole measurement, all modes pooled."""
-            seconds = {}
-            for b in made.values():
-                for what, s in b.run_seconds.items():
-                    seconds.setdefault(what, []).extend(s)
-            return {what: {"median_ms": round(statistics.median(s) * 1000, 4), "runs": len(s)}
-                    for what, s in sorted(seconds.items(), key=lambda i: (i[0].split()[0], int(i[0].split("=")[1])))}
+    if runtime == "torch":
+        return run, None
 
-        run.profile = profile
-    return run
+    def profile() -> dict:
+        """The median wall time of each kind of graph run over the whole measurement, all modes pooled."""
+        seconds = {}
+        for b in made.values():
+            for what, s in b.run_seconds.items():
+                seconds.setdefault(what, []).extend(s)
+        return {what: {"median_ms": round(statistics.median(s) * 1000, 4), "runs": len(s)}
+                for what, s in sorted(seconds.items(), key=lambda i: (i[0].split()[0], int(i[0].split("=")[1])))}
+
+    return run, profile
 
 
 def browser_runner(page):
@@ -108,7 +117,7 @@ def browser_runner(page):
 # --- measuring ---------------------------------------------------------------------------------------
 
 def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> list[dict]:
-    from .generate import compare_to_reference
+    from .generate import acceptance, compare_to_reference
 
     items = {task: prompts[task][: plan.prompts] for task in TASKS}
     for task in TASKS:  # warm-up: every mode once, so no round pays for first-run compilation
@@ -136,27 +145,25 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
                 f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)) + " tokens/s")
     results = []
     for (task, mode, k), r in rounds.items():
-        acc = r["accepted"]
         ar = statistics.median(rounds[(task, "ar", 0)]["tps"])
         tps = statistics.median(r["tps"])
-        tau = sum(a + 1 for a in acc) / len(acc) if acc else 1.0  # CONTRACT.md: mean over steps of accepted + 1
+        tau, by_position = acceptance(r["accepted"], k)
         results.append({"runtime": runtime, "task": task, "mode": mode, "k": k, "prompts": plan.prompts,
                         "new_tokens": plan.new_tokens, "tokens_per_s": round(tps, 2),
                         "tokens_per_s_rounds": [round(x, 2) for x in r["tps"]],
-                        "tau": round(tau, 3), "accept_by_position": [round(sum(a >= i for a in acc) / len(acc), 3)
-                                                                    for i in range(1, k + 1)] if acc else [],
+                        "tau": round(tau, 3), "accept_by_position": [round(a, 3) for a in by_position],
                         "speedup_vs_ar": round(tps / ar, 3), "speedup_per_tau": round(tps / ar / tau, 3),
                         "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
     return results
 
 
-def memory(base_dir: Path, head_dir: Path, drafter_dir: Path) -> dict:
-    from .export import load_drafter
+def memory(ckpts: Checkpoints) -> dict:
+    from .drafter import load_drafter
     from .model import load_llama
     from .mtp import load_head
 
-    base = load_llama(base_dir)
-    head, drafter = load_head(head_dir, base), load_drafter(drafter_dir, base)
+    base = load_llama(ckpts.base)
+    head, drafter = load_head(ckpts.head, base), load_drafter(ckpts.drafter, base)
     weights = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731 (tied counted once)
     kv = lambda c: 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # noqa: E731 fp32 K and V
     hc = head.config
@@ -168,14 +175,22 @@ def memory(base_dir: Path, head_dir: Path, drafter_dir: Path) -> dict:
             "context_length": base.config.max_position_embeddings}
 
 
-def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, onnx_dir: Path, site_dir: Path,
+def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
           log=print) -> dict:
     from .corpus import load_corpus, validation_prompts
     from .generate import decode_ar
     from .model import load_llama
+    from .mtp import read_head_config
     from .tasks import encode_prompt, load_tokenizer
 
-    tok, base = load_tokenizer(base_dir), load_llama(base_dir)
+    browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
+    if browsers:
+        from .browser import chromium_path
+
+        chromium_path()  # a missing browser fails now, not after the Python runtimes' measurements
+    tok, base = load_tokenizer(ckpts.base), load_llama(ckpts.base)
+    every_k = tuple(range(1, read_head_config(ckpts.head).k_train + 1))
+    cfg = replace(cfg, plans={rt: replace(p, ks=p.ks or every_k) for rt, p in cfg.plans.items()})
     corpus_prompts = validation_prompts(load_corpus(), max(p.prompts for p in cfg.plans.values()))
     prompts = {t: [(encode_prompt(tok, t, p["prompt"]), p["prompt"]) for p in corpus_prompts if p["task"] == t]
                for t in TASKS}
@@ -187,16 +202,15 @@ def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, o
     results, profiles = [], {}
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
-            run = python_runner(runtime, base_dir, head_dir, drafter_dir, onnx_dir)
+            run, profile = python_runner(runtime, ckpts, onnx_dir)
             results += measure(runtime, run, prompts, refs, cfg.plans[runtime], log)
-            if hasattr(run, "profile"):
-                profiles[runtime] = run.profile()
-    browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
+            if profile:
+                profiles[runtime] = profile()
     if browsers:
         from .browser import chromium, served
         from .site import build
 
-        build(base_dir, head_dir, drafter_dir, site_dir, onnx_dir, note=log)
+        build(ckpts, site_dir, onnx_dir, ("fp32",), note=log)
         with served(site_dir) as url, chromium() as browser:
             for runtime in browsers:
                 context = browser.new_context()
@@ -206,7 +220,7 @@ def bench(cfg: BenchConfig, base_dir: Path, head_dir: Path, drafter_dir: Path, o
                 log(f"{runtime}: {info['note']} {info.get('adapter') or ''}")
                 results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
                 context.close()
-    return {"results": results, "memory": memory(base_dir, head_dir, drafter_dir), "profile": profiles,
+    return {"results": results, "memory": memory(ckpts), "profile": profiles,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine()}
 
 

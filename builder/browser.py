@@ -10,18 +10,21 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .model import CheckpointError
 from .site import make_server
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--no-first-run", "--enable-unsafe-webgpu"]
 
 
+class BrowserError(RuntimeError):
+    """Headless Chromium cannot be started (the CLI reports it as one line)."""
+
+
 def chromium_path() -> str:
     path = shutil.which("chromium")
     if path is None:
-        raise CheckpointError("chromium is not installed (Debian: apt-get install chromium; elsewhere "
-                              "`playwright install chromium` and put it on PATH as chromium)")
+        raise BrowserError("chromium is not installed (Debian: apt-get install chromium; elsewhere "
+                           "`playwright install chromium` and put it on PATH as chromium)")
     return path
 
 

@@ -11,7 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+from .browser import BrowserError
 from .corpus import DataError
+from .drafter import DRAFTER_K_MAX
+from .generate import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS
 from .model import CheckpointError
 from .bench import RUNTIMES
 from .site import SiteError
@@ -32,6 +35,12 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a whole number between 0 and 65535, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m builder", description="Frozen MTP in the browser: tooling.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -47,10 +56,10 @@ def build_parser() -> Parser:
     g.add_argument("--mode", default="ar", choices=["ar", "mtp", "drafter"],
                    help="ar: plain greedy decoding with the base alone; mtp: the MTP head drafts, the base "
                         "verifies; drafter: the independent drafter drafts, the base verifies")
-    g.add_argument("--k", type=int, default=4,
-                   help="tokens drafted per step (speculative modes): 1 to 16; 1 to 6 for mtp on --backend onnx, "
-                        "whose head graphs draft at most 6")
-    g.add_argument("--max-new-tokens", type=positive_int, default=32,
+    g.add_argument("--k", type=int, default=DEFAULT_K,
+                   help="tokens drafted per step (speculative modes): mtp at most the head's trained chain length "
+                        f"(its config's k_train), drafter at most {DRAFTER_K_MAX}")
+    g.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help="stop after this many new tokens; decoding also stops at the end-of-sequence token and "
                         "when the prompt and its new tokens fill the context window (JSON field `stopped`)")
     g.add_argument("--backend", default="torch", choices=["torch", "onnx"],
@@ -59,8 +68,8 @@ def build_parser() -> Parser:
                    help="--backend onnx: the fp32 graphs or their fp16 variants (what the page runs on WebGPU "
                         "with shader-f16); the exactness rule compares within one precision")
     g.add_argument("--onnx-dir", default="build/onnx",
-                   help="the ONNX export that --backend onnx runs (base.onnx, head.onnx, manifest.json); "
-                        "exported there from --base (and --head in mode mtp) when it is missing or was "
+                   help="the ONNX export that --backend onnx runs (graphs, weights files, manifest.json); "
+                        "exported there from --base (and --head or --drafter) when it is missing or was "
                         "exported from other checkpoints. Every file is checked against the manifest's sha256.")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
 
@@ -86,10 +95,13 @@ def build_parser() -> Parser:
     b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
     b.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export the site copies; exported there first when missing or stale")
+    b.add_argument("--precision", default="both", choices=["fp32", "fp16", "both"],
+                   help="which graphs the site ships: fp32 (every browser), fp16 (half the download; WebGPU "
+                        "with shader-f16 computes in fp16, WASM casts to fp32), or both (the page picks)")
 
     s = sub.add_parser("serve", help="serve a built site on 127.0.0.1")
     s.add_argument("--dir", default="build/site", help="the built site")
-    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    s.add_argument("--port", type=port, default=8000, help="0 picks a free port")
 
     h = sub.add_parser("train-head", help="reproduce models/mtp: the MTP head, trained on the frozen base")
     h.add_argument("--base", default="models/base", help="the frozen base checkpoint")
@@ -159,31 +171,32 @@ def read_prompts(args) -> list[dict]:
 
 
 def cmd_generate(args) -> None:
-    from .drafter import torch_drafter
-    from .export import load_drafter
+    from .drafter import load_drafter, torch_drafter
+    from .export import Checkpoints, ensure_export
     from .generate import TorchBackend, decode, room
     from .model import load_llama
     from .mtp import load_head
+    from .onnx_backend import OnnxBackend
     from .tasks import decode as decode_text, encode_prompt, load_tokenizer
 
-    if args.mode != "ar" and not 1 <= args.k <= 16:
-        raise PromptError(f"--k must be between 1 and 16, got {args.k}")
     base_dir = Path(args.base)
     if args.precision != "fp32" and args.backend != "onnx":
         raise PromptError(f"--precision {args.precision} needs --backend onnx (the torch backend runs fp32)")
+    model = load_llama(base_dir)
+    eos = model.config.eos_token_id
+    head = load_head(args.head, model) if args.mode == "mtp" else None
+    drafter = load_drafter(args.drafter, model) if args.mode == "drafter" else None
+    k_max = head.config.k_train if head else DRAFTER_K_MAX
+    if args.mode != "ar" and not 1 <= args.k <= k_max:
+        why = f"the head was trained to draft {k_max}" if head else "the drafter's limit"
+        raise PromptError(f"--k must be between 1 and {k_max} in mode {args.mode} ({why}), got {args.k}")
     if args.backend == "onnx":
-        backend = open_onnx(base_dir, Path(args.head) if args.mode == "mtp" else None, Path(args.onnx_dir),
-                            Path(args.drafter) if args.mode == "drafter" else None, args.precision)
-        eos = backend.manifest["eos_token_id"]
-        if args.mode == "mtp" and args.k > backend.k_max:
-            raise PromptError(f"--k must be at most {backend.k_max} with --backend onnx "
-                              f"(the head graph drafts {backend.k_max} tokens), got {args.k}")
+        ckpts = Checkpoints(base_dir, Path(args.head) if head else None, Path(args.drafter) if drafter else None)
+        ensure_export(ckpts, Path(args.onnx_dir), (args.precision,), note=lambda msg: sys.stderr.write(msg + "\n"))
+        source = {"ar": None, "mtp": "head", "drafter": "drafter"}[args.mode]
+        backend = OnnxBackend(args.onnx_dir, source, args.k if source else 0, args.precision)
     else:
-        model = load_llama(base_dir)
-        eos = model.config.eos_token_id
-        backend = TorchBackend(model, head=load_head(args.head, model) if args.mode == "mtp" else None,
-                               drafter=torch_drafter(load_drafter(Path(args.drafter), model))
-                               if args.mode == "drafter" else None)
+        backend = TorchBackend(model, head=head, drafter=torch_drafter(drafter) if drafter else None)
     tok = load_tokenizer(base_dir)
     k = args.k if args.mode != "ar" else 0
     jobs = []
@@ -212,32 +225,20 @@ def cmd_generate(args) -> None:
             sys.stderr.write(f"[{STOP_NOTES[out.stopped].format(context=backend.context)}]\n")
 
 
-def open_onnx(base_dir: Path, head_dir: Path | None, onnx_dir: Path, drafter_dir: Path | None = None,
-              precision: str = "fp32"):
-    """The ONNX backend over onnx_dir, exported there first unless it already is these checkpoints' export."""
-    from .export import export, is_export_of
-    from .onnx_backend import OnnxBackend
-
-    if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
-        export(base_dir, head_dir, onnx_dir, note=lambda msg: sys.stderr.write(msg + "\n"), drafter_dir=drafter_dir)
-    return OnnxBackend(onnx_dir, with_head=head_dir is not None, with_drafter=drafter_dir is not None,
-                       precision=precision)
-
-
 def cmd_build(args) -> None:
+    from .export import PRECISIONS, Checkpoints
     from .site import build
 
     drafter = args.drafter or ("models/drafter" if Path(args.base) == Path("models/base") else "none")
-    build(Path(args.base), Path(args.head), None if drafter == "none" else Path(drafter), Path(args.out),
-          Path(args.onnx_dir), note=lambda msg: sys.stderr.write(msg + "\n"))
+    ckpts = Checkpoints(Path(args.base), Path(args.head), None if drafter == "none" else Path(drafter))
+    precisions = tuple(PRECISIONS) if args.precision == "both" else (args.precision,)
+    build(ckpts, Path(args.out), Path(args.onnx_dir), precisions, note=lambda msg: sys.stderr.write(msg + "\n"))
     print(f"built {args.out}: serve it with `python -m builder serve --dir {args.out}`")
 
 
 def cmd_serve(args) -> None:
     from .site import serve
 
-    if not 0 <= args.port <= 65535:
-        raise PromptError(f"--port must be between 0 and 65535, got {args.port}")
     serve(Path(args.dir), args.port)
 
 
@@ -288,6 +289,8 @@ def cmd_bench(args) -> None:
     from dataclasses import replace
 
     from .bench import BenchConfig, bench
+    from .export import Checkpoints
+    from .mtp import read_head_config
     from .report import summary_table, write_report
 
     runtimes = tuple(x.strip() for x in args.runtimes.split(",") if x.strip())
@@ -300,14 +303,16 @@ def cmd_bench(args) -> None:
             ks = tuple(int(x) for x in args.ks.split(","))
         except ValueError:
             raise PromptError(f"--ks must be comma-separated whole numbers, got {args.ks!r}") from None
-        if not all(1 <= k <= 6 for k in ks):
-            raise PromptError(f"--ks must lie between 1 and 6 (the head drafts 6), got {args.ks}")
+        k_max = read_head_config(args.head).k_train
+        if not all(1 <= k <= k_max for k in ks):
+            raise PromptError(f"--ks must lie between 1 and {k_max} (the head drafts at most {k_max}), got {args.ks}")
     cfg = BenchConfig(runtimes=runtimes)
     override = {name: v for name, v in (("prompts", args.prompts), ("new_tokens", args.new_tokens), ("ks", ks),
                                         ("repeats", args.repeats)) if v is not None}
     cfg.plans = {rt: replace(plan, **override) for rt, plan in cfg.plans.items()}
     log = lambda msg: sys.stderr.write(msg + "\n")  # noqa: E731
-    data = bench(cfg, Path(args.base), Path(args.head), Path(args.drafter), Path(args.onnx_dir), Path(args.site_dir), log)
+    ckpts = Checkpoints(Path(args.base), Path(args.head), Path(args.drafter))
+    data = bench(cfg, ckpts, Path(args.onnx_dir), Path(args.site_dir), log)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=2) + "\n")
     md = write_report(data, args.json)
@@ -332,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         COMMANDS[args.command](args)
-    except (CheckpointError, PromptError, DataError, SiteError) as e:
+    except (CheckpointError, PromptError, DataError, SiteError, BrowserError) as e:
         sys.stderr.write(f"error: {e}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -9,9 +9,13 @@ The model is run through two functions, so the same logic serves PyTorch and ONN
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from .model import Llama
+from .model import CheckpointError, Llama, load_llama
+
+DRAFTER_K_MAX = 16  # the most drafts per step the drafter is asked for (any k works; more is not useful)
 
 
 class IndependentDrafter:
@@ -43,3 +47,13 @@ def torch_drafter(model: Llama) -> IndependentDrafter:
         return int(logits[0, -1].argmax()), cache
 
     return IndependentDrafter(forward, lambda cache, n: [(k[:, :n], v[:, :n]) for k, v in cache])
+
+
+def load_drafter(directory: str | Path, base: Llama) -> Llama:
+    """An independent drafter checkpoint, checked to share the base's vocabulary and context."""
+    drafter = load_llama(directory)
+    for field in ("vocab_size", "max_position_embeddings", "eos_token_id"):
+        if getattr(drafter.config, field) != getattr(base.config, field):
+            raise CheckpointError(f"the drafter in {directory} has {field} {getattr(drafter.config, field)}, "
+                                  f"the base {getattr(base.config, field)}: it cannot draft for this base")
+    return drafter

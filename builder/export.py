@@ -1,37 +1,35 @@
-"""Export of the base and the MTP head to ONNX, and the manifest that says how to run them.
+"""Export of the base, the MTP head and the independent drafter to ONNX, and the manifest that says how
+to run them.
 
-Three graphs, all exported from the one model definition (builder/model.py, builder/mtp.py) through
-small wrappers that only rename and flatten:
+Graphs, all exported from the one model definition (builder/model.py, builder/mtp.py) through small
+wrappers that only rename and flatten:
 
-    base.onnx   input_ids (1, T), past_key_i / past_value_i (1, S, n_kv, head_dim) for every layer i
-                -> choices (1, T) int64     the greedy token after each fed position (argmax in the graph)
-                   margins (1, T) float32   top-1 minus top-2 logit there (for the exactness rule only)
-                   hidden (1, T, C)         the final normed hidden states
-                   present_key_i / present_value_i (1, S + T, n_kv, head_dim)
-                T and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
-    head.onnx   (and head_k1 .. head_k{K-1}.onnx: the same chain cut at k drafts, so that drafting k costs k steps)
-                hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the index
-                of the anchor in it; token (1, 1) int64: the base's choice at the anchor; past_key /
-                past_value (1, S, n_kv, head_dim): the base's cache of layer kv_layer, positions
-                0..anchor (the anchor is the last cached position)
-                -> drafts (1, K) int64: the chain of K = k_train drafts, each conditioned on the one
-                before; the caller uses the first k.
-    step.onnx   the base graph's inputs -> its outputs plus accepted (1,) int64 and drafts (1, K) int64:
-                verify, acceptance and the next draft chain fused into ONE run per speculative step (the
-                head drafts from the anchor the acceptance rule picked, over the present cache masked to
-                the accepted prefix). The head graph is then needed only for the first step.
+    base.onnx     input_ids (1, T), past_key_i / past_value_i (1, S, n_kv, head_dim) for every layer i
+                  -> choices (1, T) int64     the greedy token after each fed position (argmax in the graph)
+                     margins (1, T) float     top-1 minus top-2 logit there (for the exactness rule only)
+                     hidden (1, T, C)         the final normed hidden states
+                     present_key_i / present_value_i (1, S + T, n_kv, head_dim)
+                  T and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
+    head_k{k}.onnx  k = 1..K: the head's chain of exactly k drafts (drafting k costs k steps)
+                  hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the
+                  index of the anchor in it; token (1, 1) int64: the base's choice at the anchor;
+                  past_key / past_value (1, S, n_kv, head_dim): the base's cache of layer kv_layer,
+                  positions 0..anchor -> drafts (1, k) int64, each conditioned on the one before.
+    drafter.onnx  the independent drafter, with the base graph's inputs and outputs.
 
-Every graph but the step graph is also exported in half precision (`*.fp16.onnx`, `graph["fp16"]`
-in the manifest): the same modules cast to fp16, every float input and output float16; RMSNorm and the
-softmax compute in fp32 inside, as transformers does. The page runs them where WebGPU has shader-f16.
+Each graph is exported in every precision asked for: fp32, and fp16 (`*.fp16.onnx`: the same modules
+cast to half, every float input and output float16; RMSNorm and softmax compute in fp32 inside).
 
-The head graph carries its own copy of the base's embedding and LM head (an ONNX session cannot read
-another session's weights). Logits are never an output: the decode loop reads only token ids.
+Every weight is stored once per precision. A graph file holds only the graph; its weights are ONNX
+external data in one file per model and precision (`base.data`, `head.data`, `drafter.data`,
+`*.fp16.data`), found by content: the head graphs read the embedding and LM head from `base.data`, and
+the six head graphs share `head.data`. Logits are never an output: the decode loop reads only token ids.
 
-`manifest.json` records every file's size and sha256, each graph's inputs and outputs (name, dtype,
-shape with symbolic axes, and where a browser keeps the output: "gpu" or read back to the "cpu"), the
-KV layout and rollback rule, K, the context length, special tokens and the task prompt formats, and
-the sha256 of the checkpoint files it was exported from.
+`manifest.json` is the one I/O contract (README.md, "The manifest"): every file's size and sha256, per
+precision each graph's file, weight files, inputs and outputs (name, dtype, shape with symbolic axes,
+where a browser keeps the output: "gpu" or read back to the "cpu"), the KV layout, the head's k and KV
+layer, the context length, special tokens, task prompt formats and defaults, and the sha256 of the
+checkpoints and code it was exported from.
 """
 from __future__ import annotations
 
@@ -39,20 +37,35 @@ import copy
 import hashlib
 import json
 import logging
+import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import onnx
 import torch
 import torch.nn as nn
 
-from .generate import greedy
+from .drafter import DRAFTER_K_MAX, load_drafter
+from .generate import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS, greedy
 from .model import CheckpointError, Llama, load_llama
 from .mtp import MTPHead, load_head
 from .tasks import load_tokenizer, special_tokens
 
 MANIFEST = "manifest.json"
-FORMAT = "frozen-mtp-onnx/1"
+FORMAT = "frozen-mtp-onnx/2"
 OPSET = 18
+PRECISIONS = {"fp32": "float32", "fp16": "float16"}  # precision -> ONNX name of its float type
+INLINE_BYTES = 1024  # initializers this small or smaller (scalars, shapes, norms' weights) stay inside the graph file
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """The checkpoint directories an export is made from: the base, and optionally a head and a drafter."""
+    base: Path
+    head: Path | None = None
+    drafter: Path | None = None
 
 
 class BaseGraph(nn.Module):
@@ -69,7 +82,7 @@ class BaseGraph(nn.Module):
 
 
 class HeadGraph(nn.Module):
-    """The head's whole draft chain of K tokens in one graph, reading the base's outputs as they are."""
+    """The head's chain of k drafts in one graph, reading the base's outputs as they are."""
 
     def __init__(self, head: MTPHead, base: Llama, k: int):
         super().__init__()
@@ -80,47 +93,7 @@ class HeadGraph(nn.Module):
         return self.head.draft_ids(self.base, h, token, past_key, past_value, self.k)
 
 
-class StepGraph(nn.Module):
-    """One speculative step in one run: the base verifies [token, d_1..d_k], the acceptance rule picks
-    the anchor (the last accepted position), and the head drafts the next K tokens from it."""
-
-    def __init__(self, head: MTPHead, base: Llama):
-        super().__init__()
-        self.verify, self.head, self.base = BaseGraph(base), head, base
-
-    def forward(self, input_ids, past: list[torch.Tensor]):
-        choices, margins, hidden, present = self.verify(input_ids, past)
-        wrong = input_ids[0, 1:] != choices[0, :-1]  # (k,): draft i is not the base's choice before it
-        stop = torch.cat((wrong, torch.ones(1, dtype=torch.bool)))
-        accepted = stop.to(torch.int64).argmax(dim=0, keepdim=True)  # (1,) n: drafts before the first wrong one
-        layer = self.head.config.kv_layer
-        drafts = self.head.draft_ids(self.base, hidden.index_select(1, accepted), choices.index_select(1, accepted),
-                                     present[2 * layer], present[2 * layer + 1], self.head.config.k_train,
-                                     anchor=past[0].shape[1] + accepted)
-        return choices, margins, hidden, accepted, drafts, present
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def source_hashes(directory: Path) -> dict[str, str]:
-    """sha256 of a checkpoint's files: tells whether an export is still the export of this checkpoint."""
-    return {name: sha256_file(directory / name) for name in ("config.json", "model.safetensors")
-            if (directory / name).is_file()}
-
-
-def code_hash() -> str:
-    """sha256 over the code an export is made from: a changed model or exporter makes old exports stale."""
-    h = hashlib.sha256()
-    for name in ("model.py", "mtp.py", "generate.py", "export.py"):
-        h.update((Path(__file__).parent / name).read_bytes())
-    return h.hexdigest()
-
+# --- the I/O contract of each graph ------------------------------------------------------------------
 
 def io(name: str, dtype: str, shape: list, location: str | None = None) -> dict:
     d = {"name": name, "dtype": dtype, "shape": shape}
@@ -154,33 +127,61 @@ def head_io(head: MTPHead, k: int) -> dict:
             "outputs": [io("drafts", "int64", [1, k], "cpu")]}
 
 
-def step_io(base: Llama, head: MTPHead) -> dict:
-    spec = base_io(base)
-    outputs = spec["outputs"]
-    extra = [io("accepted", "int64", [1], "cpu"), io("drafts", "int64", [1, head.config.k_train], "cpu")]
-    return {"inputs": spec["inputs"], "outputs": outputs[:3] + extra + outputs[3:]}
-
-
-def graph_files(graph: dict) -> list[str]:
-    """A graph's files: fp32, and fp16 where it has one."""
-    return [graph["file"], *([graph["fp16"]["file"]] if "fp16" in graph else [])]
-
-
 def names(spec: list[dict]) -> list[str]:
     return [s["name"] for s in spec]
 
 
-def export_graph(module: nn.Module, args: tuple, spec: dict, dynamic_shapes, path: Path) -> None:
+def kv_layout(spec: dict, cfg) -> dict:
+    """The KV cache of a base-shaped graph (the base's or the drafter's): names in order, shape."""
+    return {"layers": cfg.num_hidden_layers, "shape": [1, "S", cfg.num_key_value_heads, cfg.head_dim],
+            "sequence_axis": 1,
+            "past_inputs": [n for n in names(spec["inputs"]) if n.startswith("past_")],
+            "present_outputs": [n for n in names(spec["outputs"]) if n.startswith("present_")]}
+
+
+# --- exporting ---------------------------------------------------------------------------------------
+
+def to_onnx(module: nn.Module, args: tuple, spec: dict, dynamic_shapes) -> onnx.ModelProto:
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, str(path), input_names=names(spec["inputs"]),
-                          output_names=names(spec["outputs"]), dynamic_shapes=dynamic_shapes,
-                          opset_version=OPSET, dynamo=True, external_data=False, verbose=False,
-                          optimize=True)
+        program = torch.onnx.export(module.eval(), args, None, input_names=names(spec["inputs"]),
+                                    output_names=names(spec["outputs"]), dynamic_shapes=dynamic_shapes,
+                                    opset_version=OPSET, dynamo=True, verbose=False, optimize=True)
+    return untranspose(program.model_proto, module)
 
 
-def export_base(base: Llama, path: Path) -> dict:
+def untranspose(model: onnx.ModelProto, module: nn.Module) -> onnx.ModelProto:
+    """The exporter's optimizer folds Transpose(weight) into a new initializer where a weight has one use
+    (so a head graph of one draft would hold its weights transposed, and those of several drafts as they
+    are). Store each such weight as it is in the module instead, behind a Transpose node that onnxruntime
+    folds again when it loads the graph: every graph then holds the same bytes for the same weight."""
+    transposed = {}  # sha256 of a 2-D weight's transpose -> (its name, its values)
+    for name, w in module.state_dict().items():
+        if w.dim() == 2:
+            w = w.detach().cpu().numpy()
+            transposed[hashlib.sha256(np.ascontiguousarray(w.T).tobytes()).digest()] = (name, w)
+    have = {t.name for t in model.graph.initializer}
+    kept, transposes = [], []
+    for t in model.graph.initializer:
+        data = onnx.numpy_helper.to_array(t)
+        hit = transposed.get(hashlib.sha256(data.tobytes()).digest()) if data.ndim == 2 else None
+        if hit is None or data.shape != hit[1].shape[::-1]:
+            kept.append(t)
+            continue
+        name, w = hit
+        if name not in have:
+            kept.append(onnx.numpy_helper.from_array(w, name))
+            have.add(name)
+        transposes.append(onnx.helper.make_node("Transpose", [name], [t.name], perm=[1, 0], name=f"untranspose_{t.name}"))
+    nodes = transposes + list(model.graph.node)  # their inputs are initializers: first in topological order
+    del model.graph.initializer[:], model.graph.node[:]
+    model.graph.initializer.extend(kept)
+    model.graph.node.extend(nodes)
+    return model
+
+
+def export_base(base: Llama) -> tuple[onnx.ModelProto, dict]:
     cfg = base.config
     T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
     S = torch.export.Dim("S", min=0, max=cfg.max_position_embeddings)
@@ -189,11 +190,10 @@ def export_base(base: Llama, path: Path) -> dict:
     dtype = next(base.parameters()).dtype
     past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_hidden_layers)]
     spec = base_io(base)
-    export_graph(BaseGraph(base), (ids, past), spec, ({1: T}, [{1: S}] * len(past)), path)
-    return spec
+    return to_onnx(BaseGraph(base), (ids, past), spec, ({1: T}, [{1: S}] * len(past))), spec
 
 
-def export_head(head: MTPHead, base: Llama, path: Path, k: int) -> dict:
+def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, dict]:
     cfg = base.config
     T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
     S = torch.export.Dim("S", min=1, max=cfg.max_position_embeddings)
@@ -202,115 +202,175 @@ def export_head(head: MTPHead, base: Llama, path: Path, k: int) -> dict:
     kv = torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
     args = (hidden, torch.tensor([2]), torch.tensor([[1]]), kv, kv.clone())
     spec = head_io(head, k)
-    export_graph(HeadGraph(head, base, k), args, spec, ({1: T}, None, None, {1: S}, {1: S}), path)
-    return spec
+    return to_onnx(HeadGraph(head, base, k), args, spec, ({1: T}, None, None, {1: S}, {1: S})), spec
 
 
-def export_step(head: MTPHead, base: Llama, path: Path) -> dict:
-    cfg = base.config
-    T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
-    S = torch.export.Dim("S", min=0, max=cfg.max_position_embeddings)
-    ids = torch.zeros(1, 3, dtype=torch.long)
-    past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim) for _ in range(2 * cfg.num_hidden_layers)]
-    spec = step_io(base, head)
-    export_graph(StepGraph(head, base), (ids, past), spec, ({1: T}, [{1: S}] * len(past)), path)
-    return spec
+class WeightStore:
+    """Writes the initializers of many graphs as ONNX external data, each distinct tensor once: a tensor
+    goes to the weights file of the first model that has it, and any later graph holding the same
+    tensor (same type, shape and bytes) points at that copy."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.where: dict[bytes, tuple[str, int, int]] = {}  # tensor digest -> (file, offset, length)
+        self.sizes: dict[str, int] = {}                    # weights file -> bytes written so far
+
+    def externalize(self, model: onnx.ModelProto, owner: str) -> list[str]:
+        """Moves model's large initializers into weights files, new ones into `owner`; returns the files
+        the model reads, in order."""
+        used = []
+        for t in model.graph.initializer:
+            data = onnx.numpy_helper.to_array(t)
+            if data.nbytes <= INLINE_BYTES:
+                continue
+            raw = np.ascontiguousarray(data).tobytes()
+            key = hashlib.sha256(f"{t.data_type}{list(t.dims)}".encode() + raw).digest()
+            if key not in self.where:
+                offset = -(-self.sizes.get(owner, 0) // 64) * 64  # 64-byte aligned
+                with open(self.out / owner, "r+b" if owner in self.sizes else "wb") as f:
+                    f.seek(offset)
+                    f.write(raw)
+                self.where[key] = (owner, offset, len(raw))
+                self.sizes[owner] = offset + len(raw)
+            location, offset, length = self.where[key]
+            t.CopyFrom(onnx.numpy_helper.from_array(data, t.name))  # the bytes in raw_data, as set_external_data wants
+            onnx.external_data_helper.set_external_data(t, location, offset, length)
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            used += [location] if location not in used else []
+        return used
 
 
-def export(base_dir: Path, head_dir: Path | None, out: Path, note=None, drafter_dir: Path | None = None,
-           fp16: bool = True) -> dict:
-    """Exports base (and head, drafter, when their directories are given) from their checkpoints into out/,
-    with manifest.json; with fp16, also every graph but the step graph in half precision (graph["fp16"]).
-
-    note(message) is called once the checkpoints have loaded, before the (slow) export starts."""
-    base_dir, out = Path(base_dir), Path(out)
-    base = load_llama(base_dir)
-    tok = load_tokenizer(base_dir)
-    head = load_head(head_dir, base) if head_dir is not None else None
-    drafter = load_drafter(drafter_dir, base) if drafter_dir is not None else None
-    if note:
-        what = [str(d) for d in (base_dir, head_dir, drafter_dir) if d is not None]
-        note(f"exporting {', '.join(what)} to ONNX in {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # no manifest describes a half-written export
-    cfg = base.config
-    graphs = {"base": {"file": "base.onnx", **export_base(base, out / "base.onnx")}}
-    sources = {"base": source_hashes(base_dir), "code": code_hash()}
-    head_info = None
-    if head is not None:
-        K = head.config.k_train
-        by_k = {k: "head" if k == K else f"head_k{k}" for k in range(1, K + 1)}  # a chain of exactly k drafts
-        for k, name in by_k.items():
-            graphs[name] = {"file": f"{name}.onnx", **export_head(head, base, out / f"{name}.onnx", k)}
-        graphs["step"] = {"file": "step.onnx", **export_step(head, base, out / "step.onnx")}
-        sources["head"] = source_hashes(Path(head_dir))
-        head_info = {"k": head.config.k_train, "kv_layer": head.config.kv_layer, "by_k": by_k,
-                     "kv_inputs": {"past_key": f"present_key_{head.config.kv_layer}",
-                                   "past_value": f"present_value_{head.config.kv_layer}"},
-                     "usage": "hidden: the base's last hidden output as it is; anchor: index of the anchor "
-                              "(the last accepted position) in it; token: the base's choice at the anchor; "
-                              "past_key/past_value: the base's present of layer kv_layer, rolled back so "
-                              "that the anchor is its last position. by_k names the head graph that drafts "
-                              "exactly k tokens (each costs k draft steps); its drafts[0, :k] are the k drafts.",
-                     "step": "the step graph fuses a speculative step into one run: its inputs are the base "
-                             "graph's (input_ids = [token, d_1..d_k]); besides the base's outputs it returns "
-                             "accepted (n, by the acceptance rule) and the K drafts after the anchor at fed "
-                             "position n, drafted from a cache masked to positions 0..S+n. Valid when the "
-                             "caller keeps n + 1 fed tokens (rolls back to S + n + 1) and continues from "
-                             "choices[n], as the decode loop does unless it stops; the first step after the "
-                             "prefill drafts with the head graph."}
-    drafter_info = None
-    if drafter is not None:
-        spec = export_base(drafter, out / "drafter.onnx")
-        graphs["drafter"] = {"file": "drafter.onnx", **spec}
-        sources["drafter"] = source_hashes(Path(drafter_dir))
-        dc = drafter.config
-        drafter_info = {"kv": {"layers": dc.num_hidden_layers, "shape": [1, "S", dc.num_key_value_heads, dc.head_dim],
-                               "past_inputs": [n for n in names(spec["inputs"]) if n.startswith("past_")],
-                               "present_outputs": [n for n in names(spec["outputs"]) if n.startswith("present_")]},
-                        "usage": "an independent language model with the base graph's inputs and outputs: it keeps "
-                                 "its own cache of the sequence (prefill, then one run per draft token, "
-                                 "choices[0, -1] is the next draft), rolled back by prefix like the base's"}
-    if fp16:  # the same graphs in half precision (the page picks them where WebGPU has shader-f16)
-        base16 = copy.deepcopy(base).half()
-        half = {"base": export_base(base16, out / "base.fp16.onnx")}
+def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out: Path,
+                  precisions: tuple[str, ...]) -> dict:
+    """Writes every graph, in each precision, with their weights files into out/.
+    Returns precision -> {"dtype", "graphs": name -> {file, weights, inputs, outputs}}."""
+    store, result = WeightStore(out), {}
+    for precision in precisions:
+        cast = (lambda m: copy.deepcopy(m).half()) if precision == "fp16" else (lambda m: m)
+        suffix = ".fp16" if precision == "fp16" else ""
+        b = cast(base)
+        jobs = [("base", "base", lambda: export_base(b))]
         if head is not None:
-            head16 = copy.deepcopy(head).half()
-            half.update({name: export_head(head16, base16, out / f"{name}.fp16.onnx", k) for k, name in by_k.items()})
+            h = cast(head)
+            jobs += [(f"head_k{k}", "head", lambda k=k: export_head(h, b, k)) for k in range(1, head.config.k_train + 1)]
         if drafter is not None:
-            half["drafter"] = export_base(copy.deepcopy(drafter).half(), out / "drafter.fp16.onnx")
-        for name, spec in half.items():
-            graphs[name]["fp16"] = {"file": f"{name}.fp16.onnx", **spec}
+            d = cast(drafter)
+            jobs.append(("drafter", "drafter", lambda: export_base(d)))
+        graphs = {}
+        for name, owner, make in jobs:
+            model, spec = make()
+            weights = store.externalize(model, f"{owner}{suffix}.data")
+            onnx.save(model, out / f"{name}{suffix}.onnx")
+            graphs[name] = {"file": f"{name}{suffix}.onnx", "weights": weights, **spec}
+        result[precision] = {"dtype": PRECISIONS[precision], "graphs": graphs}
+    return result
+
+
+# --- the manifest ------------------------------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_hashes(directory: Path) -> dict[str, str]:
+    """sha256 of a checkpoint's files: tells whether an export is still the export of this checkpoint."""
+    return {name: sha256_file(directory / name) for name in ("config.json", "model.safetensors")
+            if (directory / name).is_file()}
+
+
+def code_hash() -> str:
+    """sha256 over the code an export is made from: a changed model or exporter makes old exports stale."""
+    h = hashlib.sha256()
+    for name in ("model.py", "mtp.py", "generate.py", "export.py"):
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()
+
+
+def sources(ckpts: Checkpoints) -> dict:
+    """What an export is made from: each checkpoint's file hashes and the exporter's code hash."""
+    return {"code": code_hash(),
+            **{role: source_hashes(Path(d)) for role, d in vars(ckpts).items() if d is not None}}
+
+
+def graph_files(graph: dict) -> list[str]:
+    """The files a graph needs: its ONNX file and the weights files it reads."""
+    return [graph["file"], *graph["weights"]]
+
+
+def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base: Llama, head: MTPHead | None,
+                   drafter: Llama | None) -> dict:
+    cfg, tok = base.config, load_tokenizer(ckpts.base)
+    first = next(iter(precisions.values()))["graphs"]
+    shutil.copyfile(Path(ckpts.base) / "tokenizer.json", out / "tokenizer.json")
+    files = [f for p in precisions.values() for g in p["graphs"].values() for f in graph_files(g)] + ["tokenizer.json"]
     manifest = {
         "format": FORMAT,
         "opset": OPSET,
-        "files": {f: {"bytes": (out / f).stat().st_size, "sha256": sha256_file(out / f)}
-                  for g in graphs.values() for f in graph_files(g)},
-        "graphs": graphs,
         "context_length": cfg.max_position_embeddings,
         "vocab_size": cfg.vocab_size,
-        "kv": {"layers": cfg.num_hidden_layers, "dtype": "float32",
-               "shape": [1, "S", cfg.num_key_value_heads, cfg.head_dim], "sequence_axis": 1,
-               "past_inputs": [n for n in names(graphs["base"]["inputs"]) if n.startswith("past_")],
-               "present_outputs": [n for n in names(graphs["base"]["outputs"]) if n.startswith("present_")],
-               "prefill": "past tensors with S = 0",
-               "rollback": "keep the first n positions of every present tensor: a prefix view on the "
-                           "sequence axis (dims [1, n, ...] over the same buffer), no copy; keep the "
-                           "owning tensor alive while a view of it is in use"},
-        "head": head_info,
-        "drafter": drafter_info,
-        "precisions": {"fp32": "graph[\"file\"]", "fp16": "graph[\"fp16\"][\"file\"]: the same graph in half "
-                       "precision, every float input and output float16 (KV cache, hidden); for WebGPU adapters "
-                       "with the shader-f16 feature. The exactness rule holds within one precision."}
-                      if fp16 else {"fp32": "graph[\"file\"]"},
-        "special_tokens": special_tokens(tok),
         "eos_token_id": cfg.eos_token_id,
+        "special_tokens": special_tokens(tok.tokenizer),
         "tasks": tok.tasks,
-        "prompt_format": "tasks[task].prefix + ids of the user's text (special tokens not parsed) + tasks[task].suffix",
-        "source": sources,
+        "defaults": {"k": min(DEFAULT_K, head.config.k_train) if head else DEFAULT_K,  # a head may draft fewer
+                     "max_new_tokens": DEFAULT_MAX_NEW_TOKENS},
+        "kv": kv_layout(first["base"], cfg),
+        "head": None if head is None else {
+            "k": head.config.k_train, "kv_layer": head.config.kv_layer,
+            "by_k": {str(k): f"head_k{k}" for k in range(1, head.config.k_train + 1)},
+            "kv_inputs": {"past_key": f"present_key_{head.config.kv_layer}",
+                          "past_value": f"present_value_{head.config.kv_layer}"}},
+        "drafter": None if drafter is None else {"k": DRAFTER_K_MAX, "kv": kv_layout(first["drafter"], drafter.config)},
+        "precisions": precisions,
+        "files": {f: {"bytes": (out / f).stat().st_size, "sha256": sha256_file(out / f)} for f in files},
+        "tokenizer": "tokenizer.json",
+        "source": sources(ckpts),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] = tuple(PRECISIONS), note=None) -> dict:
+    """Exports the checkpoints into out/ (replacing an earlier export there) and writes its manifest.
+    note(message) is called once the checkpoints have loaded, before the (slow) export starts."""
+    out = Path(out)
+    base = load_llama(ckpts.base)
+    head = load_head(ckpts.head, base) if ckpts.head is not None else None
+    drafter = load_drafter(ckpts.drafter, base) if ckpts.drafter is not None else None
+    if note:
+        note(f"exporting {', '.join(str(d) for d in vars(ckpts).values() if d)} to ONNX "
+             f"({', '.join(precisions)}) in {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # no manifest describes a half-written export
+    for old in [*out.glob("*.onnx"), *out.glob("*.data")]:
+        old.unlink()
+    graphs = export_graphs(base, head, drafter, out, precisions)
+    return write_manifest(ckpts, out, graphs, base, head, drafter)
+
+
+def is_export_of(directory: Path, ckpts: Checkpoints, precisions: tuple[str, ...]) -> bool:
+    """Whether directory holds an export of these checkpoints (it may hold more), by this code, in these
+    precisions (files not checked here)."""
+    try:
+        manifest = json.loads((Path(directory) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    have = manifest.get("source", {})
+    return (manifest.get("format") == FORMAT and set(precisions) <= set(manifest.get("precisions", {}))
+            and all(have.get(role) == want for role, want in sources(ckpts).items()))
+
+
+def ensure_export(ckpts: Checkpoints, directory: Path, precisions: tuple[str, ...] = tuple(PRECISIONS),
+                  note=None) -> dict:
+    """The manifest of the export of ckpts in directory, exported there first when missing or stale;
+    every file checked against the manifest."""
+    if not is_export_of(directory, ckpts, precisions):
+        export(ckpts, directory, precisions, note)
+    return read_manifest(directory)
 
 
 def read_manifest(directory: Path) -> dict:
@@ -324,7 +384,8 @@ def read_manifest(directory: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
+        raise CheckpointError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r}): "
+                              "export the models again")
     for name, want in manifest["files"].items():
         f = directory / name
         if not f.is_file():
@@ -335,27 +396,3 @@ def read_manifest(directory: Path) -> dict:
                                   f"({size} bytes, sha256 {digest[:16]}..; manifest: {want['bytes']} bytes, "
                                   f"sha256 {want['sha256'][:16]}..)")
     return manifest
-
-
-def load_drafter(directory: Path, base: Llama) -> Llama:
-    """An independent drafter checkpoint, checked to share the base's vocabulary and context."""
-    drafter = load_llama(directory)
-    for field in ("vocab_size", "max_position_embeddings", "eos_token_id"):
-        if getattr(drafter.config, field) != getattr(base.config, field):
-            raise CheckpointError(f"the drafter in {directory} has {field} {getattr(drafter.config, field)}, "
-                                  f"the base {getattr(base.config, field)}: it cannot draft for this base")
-    return drafter
-
-
-def is_export_of(directory: Path, base_dir: Path, head_dir: Path | None, drafter_dir: Path | None = None) -> bool:
-    """Whether directory holds an export of exactly these checkpoints (files not checked here)."""
-    try:
-        manifest = json.loads((Path(directory) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return False
-    src = manifest.get("source", {})
-    if src.get("base") != source_hashes(Path(base_dir)) or src.get("code") != code_hash():
-        return False
-    if drafter_dir is not None and src.get("drafter") != source_hashes(Path(drafter_dir)):
-        return False
-    return head_dir is None or src.get("head") == source_hashes(Path(head_dir))

@@ -39,6 +39,8 @@ class Decoded:
 
 
 STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
+DEFAULT_K = 4                 # drafts per speculative step: the one default of the CLI and (by the manifest) the page
+DEFAULT_MAX_NEW_TOKENS = 32   # likewise
 
 
 def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
@@ -167,3 +169,13 @@ def compare_to_reference(ref: Decoded, ids: list[int]) -> tuple[str, int | None]
     if len(ref.ids) != len(ids):
         return "mismatch", min(len(ref.ids), len(ids))
     return "equal", None
+
+
+def acceptance(accepted: list[int], k: int) -> tuple[float, list[float]]:
+    """CONTRACT.md's acceptance figures of speculative steps: tau, the mean over steps of accepted drafts
+    + 1 (tokens decided per base pass; 1 for plain decoding, which records no steps), and for draft
+    positions 1..k the share of steps that accepted the i-th draft."""
+    if not accepted:
+        return 1.0, [0.0] * k
+    tau = sum(a + 1 for a in accepted) / len(accepted)
+    return tau, [sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)]

@@ -155,12 +155,17 @@ def save_head(head: MTPHead, directory: str | Path, extra: dict | None = None) -
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
 
 
-def load_head(directory: str | Path, base: Llama) -> MTPHead:
-    """Loads a head and checks it was trained for this very base (by fingerprint)."""
+def read_head_config(directory: str | Path) -> HeadConfig:
+    """A head checkpoint's config.json."""
     d = load_config(directory)
     if d.get("model_type") != "frozen_mtp_head":
         raise CheckpointError(f"{Path(directory) / 'config.json'} is not an MTP head (model_type {d.get('model_type')!r})")
-    cfg = HeadConfig(**{f.name: d[f.name] for f in fields(HeadConfig) if f.name in d})
+    return HeadConfig(**{f.name: d[f.name] for f in fields(HeadConfig) if f.name in d})
+
+
+def load_head(directory: str | Path, base: Llama) -> MTPHead:
+    """Loads a head and checks it was trained for this very base (by fingerprint)."""
+    cfg = read_head_config(directory)
     fp = base_fingerprint(base)
     if cfg.base_fingerprint != fp:
         raise CheckpointError(f"the head in {directory} was trained for another base (fingerprint "

@@ -1,18 +1,15 @@
 """The decode loop's backend over the exported ONNX graphs, with onnxruntime on the CPU.
 
 It satisfies the interface `builder.generate.decode` drives (`context`, `prefill`, `verify`,
-`rollback`, `draft`), as TorchBackend does, and runs what the browser runs. Plain decoding: one base
-run per step. With the head, as the page does: two runs per speculative step, the head graph that
-drafts exactly k (`head_k{k}`, opened when first used) and the base verifying k + 1. fused=True runs
-ONE step-graph run per step instead - it verifies, applies the acceptance rule and drafts the next
-full chain of K from the new anchor - so `draft` returns drafts computed by the previous `verify` (the
-head graph runs only for the first step, and whenever the loop rolled back to another length than the
-graph's acceptance, which the one decode loop never does); it always drafts K. With the drafter: its
-own cache, one drafter run per draft (builder/drafter.py). Everything it needs to know
-about the graphs - input and output names, KV layout, K, the head's KV layer - comes from
-manifest.json; every file is checked against the manifest's size and sha256 before a session opens.
-precision="fp16" runs the half-precision graphs (onnxruntime on the CPU computes what it has no fp16
-kernel for in fp32, so this checks the graphs and the page's fp16 plumbing, not WebGPU's fp16 rounding).
+`rollback`, `draft`), as TorchBackend does, and runs what the page runs. Plain decoding: one base run
+per step. With the head: two runs per speculative step, the head graph of the mode's k (`head_k{k}`,
+which the page opens too: near the end of a generation, when fewer drafts are allowed, its first ones
+are taken) and the base verifying them. With the drafter: its own cache, one drafter run per draft
+(builder/drafter.py). Everything it needs to know about the graphs - input and output names, KV
+layout, the head's KV layer, the weights files - comes from manifest.json; every file is checked
+against the manifest's size and sha256 before a session opens. precision="fp16" runs the
+half-precision graphs (onnxruntime on the CPU computes what it has no fp16 kernel for in fp32, so this
+checks the graphs and the page's fp16 plumbing, not WebGPU's fp16 rounding).
 """
 from __future__ import annotations
 
@@ -33,93 +30,83 @@ class OnnxState:
     cache: dict[str, np.ndarray]  # past input name -> (1, S, n_kv, head_dim): positions 0..S-1
     hidden: np.ndarray            # (1, T, C) the base's hidden output for the last T fed tokens; the last is the anchor
     ids: list[int]                # the S tokens in the cache
-    ahead: tuple[int, int, list[int]] | None = None  # step graph: (accepted n, the base's choice at fed
-                                                     # position n, the K drafts after it)
 
 
 class OnnxBackend:
-    def __init__(self, directory: str | Path, with_head: bool = False, fused: bool = False, threads: int = 1,
-                 with_drafter: bool = False, precision: str = "fp32"):
+    """source: None (plain decoding), "head" (the MTP head drafting with the graph of k drafts) or
+    "drafter" (the independent drafter)."""
+
+    def __init__(self, directory: str | Path, source: str | None = None, k: int = 0, precision: str = "fp32",
+                 threads: int = 1):
         import onnxruntime as ort
 
         self.directory = Path(directory)
         self.manifest = m = read_manifest(self.directory)
-        if with_head and m.get("head") is None:
-            raise CheckpointError(f"{self.directory / 'manifest.json'} has no head graph: export with a head")
-        if with_drafter and m.get("drafter") is None:
-            raise CheckpointError(f"{self.directory / 'manifest.json'} has no drafter graph: export with a drafter")
-        if with_head and with_drafter:
-            raise ValueError("one draft source: the head or the drafter")
-        if precision not in m.get("precisions", {"fp32": ""}):
-            raise CheckpointError(f"{self.directory / 'manifest.json'} has no {precision} graphs: export them")
-        if precision == "fp16" and fused:
-            raise ValueError("the fused step graph is exported in fp32 only")
-        self.float = np.float16 if precision == "fp16" else np.float32
+        where = self.directory / "manifest.json"
+        if source not in (None, "head", "drafter"):
+            raise ValueError(f"unknown draft source {source!r}")
+        if source and m.get(source) is None:
+            raise CheckpointError(f"{where} has no {source} graph: export with a {source}")
+        if source and not 1 <= k <= m[source]["k"]:
+            raise ValueError(f"the {source} drafts 1 to {m[source]['k']} tokens a step, {k} asked")
+        if precision not in m["precisions"]:
+            raise CheckpointError(f"{where} has no {precision} graphs: export them")
+        self.graphs = m["precisions"][precision]["graphs"]
+        self.float = np.dtype(m["precisions"][precision]["dtype"])
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.log_severity_level = 3
-
-        def session(graph: str):
-            spec = m["graphs"][graph]["fp16"] if precision == "fp16" else m["graphs"][graph]
-            return ort.InferenceSession(str(self.directory / spec["file"]), so,
-                                        providers=["CPUExecutionProvider"])
-
-        self.base = session("base")
-        self.session = session
-        self.heads = {}  # k -> the head graph drafting exactly k, opened when first used
-        self.with_head = with_head
-        self.step = session("step") if with_head and fused else None
-        self.drafter = self.independent_drafter(session("drafter")) if with_drafter else None
+        # the weights are external data next to each graph file (shared by several graphs)
+        session = lambda name: ort.InferenceSession(str(self.directory / self.graphs[name]["file"]), so,  # noqa: E731
+                                                    providers=["CPUExecutionProvider"])
         self.context = m["context_length"]
-        self.k_max = m["head"]["k"] if with_head else 0  # the head graph drafts K; the drafter any k
         kv = m["kv"]
         self.past = kv["past_inputs"]                               # past_key_0, past_value_0, ..
         self.present = dict(zip(kv["present_outputs"], self.past))  # present name -> past name it feeds
         self.kv_shape = kv["shape"]
         self.outputs = ["choices", "margins", "hidden", *kv["present_outputs"]]
-        self.step_outputs = self.outputs[:3] + ["accepted", "drafts"] + self.outputs[3:]
-        # head input -> the cache entry it reads (the base's present of the head's KV layer, rolled back)
-        self.head_kv = {name: self.present[out] for name, out in m["head"]["kv_inputs"].items()} if with_head else {}
-        self.runs = 0  # session.run calls, for the calls-per-step count
         self.run_seconds = defaultdict(list)  # "base T=5", "head k=4", ..: the wall time of each such run
+        self.base = session("base")
+        self.head = self.drafter = None
+        if source == "head":
+            self.k, self.head = k, session(m["head"]["by_k"][str(k)])
+            # head input -> the cache entry it reads (the base's present of the head's KV layer, rolled back)
+            self.head_kv = {name: self.present[out] for name, out in m["head"]["kv_inputs"].items()}
+        elif source == "drafter":
+            self.drafter = self.independent_drafter(session("drafter"))
+
+    @property
+    def runs(self) -> int:
+        """session.run calls so far (every kind)."""
+        return sum(len(s) for s in self.run_seconds.values())
 
     def _run(self, session, what: str, outputs: list[str], feeds: dict) -> list:
         t0 = time.perf_counter()
         out = session.run(outputs, feeds)
         self.run_seconds[what].append(time.perf_counter() - t0)
-        self.runs += 1
         return out
 
-    def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int], step: bool = False):
+    def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int]):
         feeds = {"input_ids": np.array([ids], dtype=np.int64), **state_cache}
-        ahead = None
-        if step:
-            choices, margins, hidden, accepted, drafts, *present = self._run(self.step, f"step T={len(ids)}",
-                                                                             self.step_outputs, feeds)
-            n = int(accepted[0])
-            ahead = (n, int(choices[0, n]), drafts[0].tolist())
-        else:
-            choices, margins, hidden, *present = self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)
+        choices, margins, hidden, *present = self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)
         cache = {self.present[name]: t for name, t in zip(self.outputs[3:], present)}
-        return choices[0].tolist(), margins[0].tolist(), OnnxState(cache, hidden, state_ids + ids, ahead)
+        return choices[0].tolist(), margins[0].tolist(), OnnxState(cache, hidden, state_ids + ids)
 
     def prefill(self, ids: list[int]) -> OnnxState:
         empty = np.zeros([1, 0, *self.kv_shape[2:]], dtype=self.float)  # S = 0: no past yet
         return self._base({name: empty for name in self.past}, [], ids)[2]
 
     def verify(self, state: OnnxState, ids: list[int]):
-        # a plain step (nothing drafted) needs no next drafts: the loop drafts only when it continues
-        return self._base(state.cache, state.ids, ids, step=self.step is not None and len(ids) > 1)
+        return self._base(state.cache, state.ids, ids)
 
     def rollback(self, state: OnnxState, n_fed: int) -> OnnxState:
         """Keep the first n_fed of the tokens just verified: a prefix view on the sequence axis, no copy."""
         drop = state.hidden.shape[1] - n_fed
-        ahead = state.ahead if state.ahead and state.ahead[0] + 1 == n_fed else None  # drafted from this anchor
         if drop == 0:
-            return OnnxState(state.cache, state.hidden, state.ids, ahead)
+            return state
         keep = len(state.ids) - drop
         return OnnxState({name: t[:, :keep] for name, t in state.cache.items()}, state.hidden[:, :n_fed],
-                         state.ids[:keep], ahead)
+                         state.ids[:keep])
 
     def independent_drafter(self, session) -> IndependentDrafter:
         """The drafter graph behind the one drafting logic of builder/drafter.py (its own cache, by prefix)."""
@@ -139,16 +126,12 @@ class OnnxBackend:
     def draft(self, state: OnnxState, token: int, k: int) -> list[int]:
         if self.drafter is not None:
             return self.drafter.draft(state.ids + [token], k)
-        if not self.with_head:
+        if self.head is None:
             raise ValueError("this backend has no draft source")
-        if k > self.k_max:
-            raise ValueError(f"the head graph drafts {self.k_max} tokens, {k} asked")
-        if k not in self.heads:
-            self.heads[k] = self.session(self.manifest["head"]["by_k"][str(k)])
-        if state.ahead is not None and state.ahead[1] == token:  # the step graph drafted from this anchor
-            return state.ahead[2][:k]
+        if k > self.k:
+            raise ValueError(f"this backend's head graph drafts {self.k} tokens, {k} asked")
         feeds = {"hidden": state.hidden, "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64),
                  "token": np.array([[token]], dtype=np.int64),
                  **{name: state.cache[past] for name, past in self.head_kv.items()}}
-        (drafts,) = self._run(self.heads[k], f"head k={k}", ["drafts"], feeds)
-        return drafts[0, :k].tolist()
+        (drafts,) = self._run(self.head, f"head k={self.k}", ["drafts"], feeds)
+        return drafts[0, :k].tolist()  # the graph of the mode's k; near the end only its first k are allowed

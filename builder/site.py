@@ -1,10 +1,11 @@
 """`build` and `serve`: the static site, rendered from web/ into one self-contained folder.
 
 build() reads as the recipe:
-1. export base and head to ONNX (reused when build/onnx already is the export of these checkpoints);
+1. export the checkpoints to ONNX (reused when build/onnx already is their export);
 2. install the browser libraries with `npm ci` from web/package-lock.json when they are missing;
 3. render web/templates with jinja2, copy the page's ES modules and stylesheet;
-4. copy the graphs the page runs, the tokenizer and a manifest that lists exactly those files;
+4. copy the graphs and weights files of the precisions asked for, the tokenizer, and a manifest that
+   lists exactly those files;
 5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences).
 
 Every path in the site is relative, so the folder works on any static host.
@@ -21,8 +22,7 @@ from pathlib import Path
 
 import jinja2
 
-from .export import MANIFEST, export, graph_files, is_export_of, read_manifest
-from .model import CheckpointError
+from .export import MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files
 
 WEB = Path(__file__).resolve().parent.parent / "web"
 # node_modules file -> site file. ort.webgpu.min.mjs is onnxruntime-web's native WebGPU bundle; it also
@@ -35,7 +35,7 @@ VENDOR = {
     "@huggingface/tokenizers/LICENSE": "vendor/tokenizers/LICENSE",
 }
 MIME = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
-        ".json": "application/json", ".onnx": "application/octet-stream", ".css": "text/css",
+        ".json": "application/json", ".onnx": "application/octet-stream", ".data": "application/octet-stream", ".css": "text/css",
         ".html": "text/html", ".png": "image/png", ".svg": "image/svg+xml"}
 
 
@@ -43,20 +43,18 @@ class SiteError(RuntimeError):
     """The site cannot be built or served (npm missing, web/ incomplete, port taken)."""
 
 
-def build(base_dir: Path, head_dir: Path, drafter_dir: Path | None, out: Path, onnx_dir: Path, note=print) -> dict:
-    """Builds the static site into out/ (replacing it), with the drafter when drafter_dir is given. Returns the
-    site's manifest."""
-    base_dir, head_dir, out, onnx_dir = map(Path, (base_dir, head_dir, out, onnx_dir))
-    drafter_dir = Path(drafter_dir) if drafter_dir is not None else None
-    if not is_export_of(onnx_dir, base_dir, head_dir, drafter_dir):
-        export(base_dir, head_dir, onnx_dir, note=note, drafter_dir=drafter_dir)
-    manifest = read_manifest(onnx_dir)  # every file checked against its sha256
+def build(ckpts: Checkpoints, out: Path, onnx_dir: Path, precisions: tuple[str, ...] = tuple(PRECISIONS),
+          note=print) -> dict:
+    """Builds the static site into out/ (replacing it) with the graphs of ckpts in the given precisions.
+    Returns the site's manifest."""
+    out = Path(out)
+    manifest = ensure_export(ckpts, Path(onnx_dir), precisions, note)  # every file checked against its sha256
     node_modules = npm_ci(WEB, note)
 
     if out.exists():
         shutil.rmtree(out)
     (out / "models").mkdir(parents=True)
-    site_manifest = site_models(manifest, onnx_dir, base_dir, out / "models")
+    site_manifest = site_models(manifest, Path(onnx_dir), precisions, out / "models")
     render(out, site_manifest)
     for src, dst in VENDOR.items():
         (out / dst).parent.mkdir(parents=True, exist_ok=True)
@@ -85,17 +83,13 @@ def npm_ci(web: Path, note) -> Path:
     return node_modules
 
 
-def site_models(manifest: dict, onnx_dir: Path, base_dir: Path, models: Path) -> dict:
-    """Copies the graphs the page runs and the tokenizer; writes the manifest of exactly those files."""
-    # the base; the head graph of every k (mtp: the head drafts k in one run, the base verifies k + 1 in one);
-    # the independent drafter (one run per draft). Not the fused step graph: the page runs two graphs a step.
-    names = ["base", *manifest["head"]["by_k"].values(), *(["drafter"] if manifest["drafter"] else [])]
-    graphs = {name: manifest["graphs"][name] for name in names}
-    files = {f: manifest["files"][f] for g in graphs.values() for f in graph_files(g)}
-    for name in files:
+def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], models: Path) -> dict:
+    """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those."""
+    kept = {p: manifest["precisions"][p] for p in precisions}
+    files = {f for p in kept.values() for g in p["graphs"].values() for f in graph_files(g)} | {manifest["tokenizer"]}
+    for name in sorted(files):
         shutil.copyfile(onnx_dir / name, models / name)
-    shutil.copyfile(base_dir / "tokenizer.json", models / "tokenizer.json")
-    site_manifest = {**manifest, "graphs": graphs, "files": files, "tokenizer": "tokenizer.json"}
+    site_manifest = {**manifest, "precisions": kept, "files": {f: manifest["files"][f] for f in sorted(files)}}
     (models / MANIFEST).write_text(json.dumps(site_manifest, indent=2) + "\n")
     return site_manifest
 
@@ -105,7 +99,7 @@ def render(out: Path, manifest: dict) -> None:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     examples = json.loads((WEB / "examples.json").read_text(encoding="utf-8"))["examples"]
     context = {"examples": examples, "tasks": list(manifest["tasks"]), "k_max": manifest["head"]["k"],
-               "context_length": manifest["context_length"]}
+               "context_length": manifest["context_length"], "defaults": manifest["defaults"]}
     for template in sorted((WEB / "templates").glob("[!_]*.html")):
         (out / template.name).write_text(env.get_template(template.name).render(**context), encoding="utf-8")
     for static in sorted((WEB / "src").iterdir()):
@@ -140,7 +134,7 @@ class Server(http.server.ThreadingHTTPServer):
 def make_server(directory: Path, port: int = 0) -> Server:
     directory = Path(directory)
     if not (directory / "index.html").is_file() or not (directory / "models" / MANIFEST).is_file():
-        raise CheckpointError(f"{directory} is not a built site (no index.html or models/{MANIFEST}): "
+        raise SiteError(f"{directory} is not a built site (no index.html or models/{MANIFEST}): "
                               "run `python -m builder build` first")
     try:
         return Server(("127.0.0.1", port), partial(Handler, directory=str(directory)))

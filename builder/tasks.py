@@ -17,8 +17,8 @@ text, after the model's beginning-of-sequence token when its config names one:
 A tokenizer of builder's own that lacks a task's markers (the first base had no summarize task) does
 not offer that task: `tok.tasks` holds the tasks a model can be asked for.
 
-`load_tokenizer` works the format out once and keeps it on the tokenizer (`tok.tasks`); the export
-writes the same ids into the manifest, so the page builds the same prompts.
+`load_tokenizer` works the format out once (`TaskTokenizer.tasks`); the export writes the same ids
+into the manifest, so the page builds the same prompts.
 
 Special tokens are never parsed out of the user's text, so a user who types "<|fix|>" gets those
 characters, not the marker. Text is encoded as the code points it holds (control characters,
@@ -29,6 +29,7 @@ page does with String.prototype.toWellFormed.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -54,10 +55,21 @@ class PromptError(ValueError):
     """The user's prompt cannot be decoded (empty, unknown task, too long)."""
 
 
-def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """The checkpoint's tokenizer.json, with its task prompt formats in `tok.tasks` (see above): the
-    marker format when it has builder's special tokens, else the text format, after the
-    beginning-of-sequence id of the checkpoint's config.json (if it has one)."""
+@dataclass(frozen=True)
+class TaskTokenizer:
+    """A checkpoint's tokenizer with the prompt format of each task (see above), worked out once at load.
+    Everything else (encode, decode, token_to_id, ..) is the `tokenizers.Tokenizer`'s own."""
+    tokenizer: Tokenizer
+    tasks: dict[str, dict[str, list[int]]]  # task -> {"prefix": ids, "suffix": ids}
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def load_tokenizer(directory: str | Path) -> TaskTokenizer:
+    """The checkpoint's tokenizer.json with its task prompt formats: the marker format when it has
+    builder's special tokens, else the text format, after the beginning-of-sequence id of the
+    checkpoint's config.json (if it has one)."""
     from .model import CheckpointError, load_config
 
     path = Path(directory) / "tokenizer.json"
@@ -69,8 +81,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         raise CheckpointError(f"{path} is not a valid tokenizer.json: {e}") from None
     tok.encode_special_tokens = True  # "<|fix|>" typed by a user is text, not the marker
     bos = load_config(directory).get("bos_token_id") if (Path(directory) / "config.json").is_file() else None
-    tok.tasks = prompt_formats(tok, bos[0] if isinstance(bos, list) else bos)
-    return tok
+    return TaskTokenizer(tok, prompt_formats(tok, bos[0] if isinstance(bos, list) else bos))
 
 
 def prompt_formats(tok: Tokenizer, bos_id: int | None) -> dict[str, dict[str, list[int]]]:

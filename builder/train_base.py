@@ -21,7 +21,6 @@ warms up, stays, and decays linearly to a tenth over the last `cooldown` share o
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -187,8 +186,20 @@ def stream_loss(model: Llama, ids: np.ndarray, weights: np.ndarray, block: int) 
     return total, count
 
 
-def lr_at(step: int, steps: int, cfg: TrainConfig) -> float:
-    """Warmup, then constant, then a linear decay to lr/10 over the last `cooldown` share of the steps."""
+def lr_at(step: int, cfg) -> float:
+    """The learning rate of train-head and train-drafter at a step: linear warm-up over
+    cfg.warmup steps (at most a tenth of the run), then cosine decay to cfg.lr / 10 at cfg.steps."""
+    warmup = min(cfg.warmup, max(1, cfg.steps // 10))
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def wsd_lr_at(step: int, steps: int, cfg: TrainConfig) -> float:
+    """The base's schedule: warmup, then constant, then a linear decay to lr/10 over the last `cooldown`
+    share of the steps. Unlike lr_at's cosine, the plan can still be lengthened on a resume before the
+    cooldown starts."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     decay_from = steps * (1 - cfg.cooldown)
@@ -274,7 +285,7 @@ def train_base(run_dir: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = 
             if stop_at is not None and state.step >= stop_at:
                 break
             for group in opt.param_groups:
-                group["lr"] = lr_at(state.step, state.steps or 10**9, cfg)
+                group["lr"] = wsd_lr_at(state.step, state.steps or 10**9, cfg)
             x, y, w = (t.to(device) for t in batch_at(ids, weights, cfg, state.step))
             with autocast:
                 loss = weighted_loss(model, x.long(), y.long(), w)

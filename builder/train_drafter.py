@@ -22,7 +22,8 @@ from tqdm import tqdm
 from .corpus import load_corpus, validation_prompts
 from .model import Llama, LlamaConfig, load_llama, save_llama
 from .tasks import load_tokenizer
-from .train_head import HeadTrainConfig, greedy_continuations, make_batches, set_lr, training_prompts
+from .train_base import lr_at
+from .train_head import HeadTrainConfig, greedy_continuations, make_batches, training_prompts
 
 
 @dataclass
@@ -64,7 +65,8 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig):
     bar = tqdm(range(cfg.steps), desc="train-drafter", unit="step")
     recent = []
     for step in bar:
-        set_lr(opt, step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
         seqs, valid = next(batches)
         real = seqs != 0
         real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
@@ -100,7 +102,8 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
     out.mkdir(parents=True, exist_ok=True)
     save_llama(drafter, out)
     shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
-    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), range(1, 7),
+    ks = range(1, HeadTrainConfig().k + 1)  # the k of the head's table, for a side-by-side comparison
+    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), ks,
                                            drafter=torch_drafter(drafter))
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log)

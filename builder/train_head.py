@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import shutil
 import time
@@ -34,10 +33,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .corpus import Corpus, load_corpus, load_text_corpus, proofread_pairs, validation_prompts
-from .generate import TorchBackend, compare_to_reference, decode, decode_ar
+from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
 from .model import Llama, load_llama
 from .mtp import HeadConfig, MTPHead, base_fingerprint, save_head
 from .tasks import encode_prompt, encode_text, load_tokenizer
+from .train_base import lr_at
 
 
 @dataclass
@@ -143,15 +143,6 @@ def make_batches(data, batch: int, rng: random.Random):
             yield seqs, valid
 
 
-def set_lr(opt, step: int, cfg) -> None:
-    """Linear warm-up over cfg.warmup steps (a tenth of a shorter run), then cosine decay to a tenth of
-    cfg.lr at cfg.steps."""
-    warmup = min(cfg.warmup, max(1, cfg.steps // 10))
-    lr = cfg.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
-    for group in opt.param_groups:
-        group["lr"] = lr
-
-
 def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None,
                checkpoint: Path | None = None, note=print):
     """Trains a head on the frozen base (on the base's device). With a checkpoint directory, saves
@@ -197,7 +188,8 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     done = first  # steps whose update the weights hold
     try:
         for step in bar:
-            set_lr(opt, step, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
             seqs, valid = (t.to(device) for t in next(batches))
             loss, stats = chain_loss(head, base, seqs, valid, cfg.k)
             opt.zero_grad(set_to_none=True)
@@ -274,11 +266,10 @@ def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens
                 mismatches += verdict == "mismatch"
                 near_ties += verdict == "near-tie"
                 accepted += out.accepted
-            table[f"{task}/k={k}"] = {
-                "task": task, "k": k, "prompts": len(items), "steps": len(accepted),
-                "tau": sum(a + 1 for a in accepted) / len(accepted),
-                "accept_by_position": [sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)],
-                "mismatches": mismatches, "near_ties": near_ties}
+            tau, by_position = acceptance(accepted, k)
+            table[f"{task}/k={k}"] = {"task": task, "k": k, "prompts": len(items), "steps": len(accepted), "tau": tau,
+                                      "accept_by_position": by_position, "mismatches": mismatches,
+                                      "near_ties": near_ties}
     return table
 
 

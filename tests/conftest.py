@@ -1,19 +1,51 @@
-"""Shared fixtures: the shipped base model, its tokenizer and validation prompts no training saw."""
+"""Shared fixtures (the shipped base model, its tokenizer, validation prompts no training saw, the ONNX
+export, the built site in headless Chromium) and the helpers test modules share."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import torch
 
+from builder.export import Checkpoints
+
 ROOT = Path(__file__).resolve().parent.parent
 BASE_DIR = ROOT / "models" / "base"
 HEAD_DIR = ROOT / "models" / "mtp"
 DRAFTER_DIR = ROOT / "models" / "drafter"
+SHIPPED = Checkpoints(BASE_DIR, HEAD_DIR, DRAFTER_DIR)
 
 torch.set_num_threads(2)
+
+
+def run(*args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """`python -m builder *args`, its output captured as text."""
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def expect_error(r: subprocess.CompletedProcess, *fragments):
+    """The CLI failed as CONTRACT.md says: non-zero, one line on stderr holding every fragment, no traceback."""
+    assert r.returncode != 0, f"expected failure, got success: {r.stdout}"
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{r.stderr}"
+    assert "Traceback" not in r.stderr
+    for f in fragments:
+        assert f in lines[0], f"{f!r} not in {lines[0]!r}"
+
+
+def check_steps(accepted: list[int], n_ids: int, stopped: str):
+    """Each speculative step decides its accepted drafts + 1 tokens: the steps before the last decide fewer
+    than all the tokens, and all steps exactly all of them, unless the end token stopped decoding inside the
+    last step (then the rest of that step is dropped)."""
+    decided = [a + 1 for a in accepted]
+    assert sum(decided[:-1]) < n_ids <= sum(decided), f"{n_ids} tokens from steps deciding {decided}"
+    if stopped != "end-of-sequence":
+        assert sum(decided) == n_ids, f"stopped at {stopped}: {n_ids} tokens from steps deciding {decided}"
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +82,7 @@ def onnx_dir(tmp_path_factory):
     from builder.export import export
 
     out = tmp_path_factory.mktemp("onnx")
-    export(BASE_DIR, HEAD_DIR, out, drafter_dir=DRAFTER_DIR)
+    export(SHIPPED, out)
     return out
 
 
@@ -61,7 +93,7 @@ def site(onnx_dir, tmp_path_factory):
     from builder.site import build
 
     out = tmp_path_factory.mktemp("site")
-    build(BASE_DIR, HEAD_DIR, DRAFTER_DIR, out, onnx_dir, note=lambda msg: None)
+    build(SHIPPED, out, onnx_dir, note=lambda msg: None)
     return out
 
 

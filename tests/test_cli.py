@@ -8,12 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import BASE_DIR, ROOT
-
-
-def run(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+from tests.conftest import BASE_DIR, ROOT, expect_error, run
 
 
 def test_generate_json_has_the_contract_fields(base):
@@ -37,15 +32,6 @@ def test_prompts_file_gives_one_object_per_prompt_in_order(tmp_path):
     assert [(o["prompt"], o["task"]) for o in rows] == [("Lists are", "continue"), ("Teh list is sorted.", "proofread")]
 
 
-def expect_error(r, *fragments):
-    assert r.returncode != 0, f"expected failure, got success: {r.stdout}"
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{r.stderr}"
-    assert "Traceback" not in r.stderr
-    for f in fragments:
-        assert f in lines[0], f"{f!r} not in {lines[0]!r}"
-
-
 def test_empty_prompt_is_a_clear_error():
     expect_error(run("generate", "--prompt", "  "), "empty")
 
@@ -67,17 +53,18 @@ def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
         "[stopped: the prompt and the new tokens fill the context window of 256 tokens]", "[the model ended the text]")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--max-new-tokens", "0"], "--max-new-tokens: must be a whole number of at least 1, got '0'"),
-    (["--max-new-tokens", "-3"], "--max-new-tokens"),
-    (["--max-new-tokens", "many"], "'many'"),
-    (["--mode", "mtp", "--k", "0"], "--k must be between 1 and 16, got 0"),
-    (["--mode", "drafter", "--k", "17"], "--k must be between 1 and 16, got 17"),
-    (["--mode", "mtp", "--k", "7", "--backend", "onnx"], "--k must be at most 6 with --backend onnx"),
-    (["--mode", "fast"], "invalid choice: 'fast'"),
+@pytest.mark.parametrize("args, fragments", [
+    (["--max-new-tokens", "0"], ["--max-new-tokens: must be a whole number of at least 1, got '0'"]),
+    (["--max-new-tokens", "-3"], ["--max-new-tokens"]),
+    (["--max-new-tokens", "many"], ["'many'"]),
+    (["--mode", "mtp", "--k", "0"], ["--k must be between 1 and", "got 0"]),
+    (["--mode", "drafter", "--k", "17"], ["--k must be between 1 and 16", "got 17"]),
+    (["--mode", "mtp", "--k", "7", "--backend", "onnx"], ["--k must be", " 6 ", "got 7"]),  # the head drafts 6
+    (["--mode", "mtp", "--k", "7"], ["--k must be", " 6 ", "got 7"]),  # torch too: the head was trained for 6
+    (["--mode", "fast"], ["invalid choice: 'fast'"]),
 ])
-def test_out_of_range_options_are_a_clear_error(args, fragment, onnx_dir):
-    expect_error(run("generate", "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), fragment)
+def test_out_of_range_options_are_a_clear_error(args, fragments, onnx_dir):
+    expect_error(run("generate", "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), *fragments)
 
 
 def test_odd_text_is_decoded_as_text(tmp_path, tokenizer):
@@ -171,3 +158,17 @@ def test_undecodable_command_line_bytes_are_replaced_not_a_traceback():
                         "--json"], cwd=ROOT, capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr.decode()
     assert json.loads(r.stdout)["prompt"] == "caf\ufffd ok"
+
+
+@pytest.mark.parametrize("port", ["65536", "-1", "http"])
+def test_a_bad_port_is_a_usage_error(tmp_path, port):
+    r = run("serve", "--dir", str(tmp_path), "--port", port)
+    expect_error(r, "--port", f"between 0 and 65535, got {port!r}")
+    assert r.returncode == 2, "a bad option value is a usage error (exit 2)"
+
+
+def test_a_missing_chromium_is_a_clear_error_before_any_measurement(tmp_path):
+    r = run("bench", "--runtimes", "torch,browser-wasm", "--json", str(tmp_path / "bench.json"),
+            env={"PATH": str(tmp_path), "HOME": str(tmp_path)})
+    expect_error(r, "chromium is not installed")
+    assert not (tmp_path / "bench.json").exists()

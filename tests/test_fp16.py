@@ -7,27 +7,36 @@ import json
 from builder.generate import compare_to_reference, decode
 from builder.onnx_backend import OnnxBackend
 from builder.tasks import encode_prompt
-from tests.conftest import Page
-from tests.test_cli import expect_error, run
+from tests.conftest import Page, check_steps, expect_error, run
 
 
 def test_fp16_graphs_are_half_the_bytes(onnx_dir):
     m = json.loads((onnx_dir / "manifest.json").read_text())
-    assert set(m["precisions"]) == {"fp32", "fp16"}
-    for name, graph in m["graphs"].items():
-        if name == "step":
-            assert "fp16" not in graph
-            continue
-        assert graph["fp16"]["file"] == f"{name}.fp16.onnx"
-        floats = [io["dtype"] for io in graph["fp16"]["inputs"] + graph["fp16"]["outputs"] if "int" not in io["dtype"]]
-        assert floats and set(floats) == {"float16"}
-        ratio = m["files"][graph["fp16"]["file"]]["bytes"] / m["files"][graph["file"]]["bytes"]
-        assert 0.45 < ratio < 0.6, f"{name}: fp16 is {ratio:.2f} of fp32"
+    fp32, fp16 = m["precisions"]["fp32"], m["precisions"]["fp16"]
+    assert fp16["dtype"] == "float16" and set(fp16["graphs"]) == set(fp32["graphs"])
+    for name, graph in fp16["graphs"].items():
+        assert graph["file"] == f"{name}.fp16.onnx" and all(w.endswith(".fp16.data") for w in graph["weights"])
+        floats = [io["dtype"] for io in graph["inputs"] + graph["outputs"] if "int" not in io["dtype"]]
+        assert floats and set(floats) == {"float16"}, f"{name}: {floats}"
+    for model in ("base", "head", "drafter"):
+        ratio = m["files"][f"{model}.fp16.data"]["bytes"] / m["files"][f"{model}.data"]["bytes"]
+        assert 0.45 < ratio < 0.55, f"{model}: fp16 weights are {ratio:.2f} of fp32"
+
+
+def test_build_ships_only_the_precision_asked_for(onnx_dir, tmp_path):
+    from builder.site import build
+    from tests.conftest import SHIPPED
+
+    manifest = build(SHIPPED, tmp_path / "site", onnx_dir, ("fp32",), note=lambda msg: None)
+    models = tmp_path / "site" / "models"
+    assert set(manifest["precisions"]) == {"fp32"}
+    assert not list(models.glob("*.fp16.*")), "an fp32 site ships no fp16 file"
+    assert sorted(f.name for f in models.iterdir()) == sorted([*manifest["files"], "manifest.json"])
 
 
 def test_fp16_mtp_equals_fp16_plain_in_onnxruntime(onnx_dir, tokenizer, validation_prompts):
     plain = OnnxBackend(onnx_dir, precision="fp16")
-    mtp = OnnxBackend(onnx_dir, with_head=True, precision="fp16")
+    mtp = OnnxBackend(onnx_dir, "head", 4, precision="fp16")
     eos = plain.manifest["eos_token_id"]
     verdicts = []
     for p in validation_prompts[:4] + validation_prompts[30:34]:
@@ -35,7 +44,8 @@ def test_fp16_mtp_equals_fp16_plain_in_onnxruntime(onnx_dir, tokenizer, validati
         ref = decode(plain, ids, 32, eos)
         out = decode(mtp, ids, 32, eos, k=4)
         verdicts.append(compare_to_reference(ref, out.ids)[0])
-        assert sum(a + 1 for a in out.accepted) >= len(out.ids) > out.steps, "MTP accepted no drafts in fp16"
+        check_steps(out.accepted, len(out.ids), out.stopped)
+        assert len(out.ids) > out.steps, "MTP accepted no drafts in fp16"
     assert "mismatch" not in verdicts and verdicts.count("equal") >= len(verdicts) - 1, verdicts
 
 
@@ -83,8 +93,8 @@ def test_page_fp16_mtp_equals_page_fp16_plain(browser, url, validation_prompts):
             mtp = page.generate(prompt=p["prompt"], task=p["task"], mode="mtp", k=4, maxNewTokens=24)
             assert plain["precision"] == mtp["precision"] == "fp16"
             assert mtp["ids"] == plain["ids"] and mtp["steps"] < plain["steps"], (p, plain["ids"], mtp["ids"])
-        models = [r.rsplit("/", 1)[1] for r in page.requests if r.endswith(".onnx")]
-        assert models and all(m.endswith(".fp16.onnx") for m in models), models
+        models = [r.rsplit("/", 1)[1] for r in page.requests if r.endswith((".onnx", ".data"))]
+        assert models and all(m.endswith((".fp16.onnx", ".fp16.data")) for m in models), models
         assert page.errors == [], page.errors
     finally:
         page.close()

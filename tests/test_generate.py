@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from builder.generate import TorchBackend, decode, decode_ar, decode_naive, room
 from builder.tasks import PromptError, encode_prompt
+from tests.conftest import HEAD_DIR
 
 
 def test_cached_greedy_equals_naive_recompute_on_validation_prompts(base, tokenizer, validation_prompts):
@@ -17,7 +19,10 @@ def test_cached_greedy_equals_naive_recompute_on_validation_prompts(base, tokeni
         first = next((i for i, (a, b) in enumerate(zip(cached.ids, naive)) if a != b), None)
         assert cached.ids == naive, f"{p['task']} prompt {p['prompt']!r}: first mismatch at token {first}"
         assert cached.steps == len(cached.ids) == len(cached.margins)
-        assert all(m >= 0 for m in cached.margins)
+        with torch.no_grad():  # the margins: top-1 minus top-2 logit where each new token was chosen, one full pass
+            logits = base(torch.tensor([ids + cached.ids]))[0][0, len(ids) - 1: -1]
+        top = logits.sort(dim=-1, descending=True).values
+        assert cached.margins == pytest.approx((top[:, 0] - top[:, 1]).tolist(), abs=1e-4), p["prompt"]
 
 
 def test_decoding_stops_at_end_of_sequence(base, tokenizer, validation_prompts):
@@ -25,6 +30,7 @@ def test_decoding_stops_at_end_of_sequence(base, tokenizer, validation_prompts):
     p = validation_prompts[30]  # proofread: the base ends its corrected sentence with <|endoftext|>
     out = decode_ar(base, encode_prompt(tokenizer, "proofread", p["prompt"]), 120, eos)
     assert out.ids[-1] == eos and eos not in out.ids[:-1], "decoding must stop right after the end token"
+    assert out.stopped == "end-of-sequence"
 
 
 def test_new_tokens_are_clamped_to_the_context_window(base):
@@ -43,7 +49,6 @@ def test_new_tokens_are_clamped_to_the_context_window(base):
 def test_reaching_the_context_window_stops_cleanly_and_says_so(base, tokenizer, corpus):
     """A prompt 5 tokens short of the window: every mode decides exactly those 5 tokens, the same ones."""
     from builder.mtp import load_head
-    from tests.conftest import HEAD_DIR
 
     ctx = base.config.max_position_embeddings
     eos = base.config.eos_token_id
@@ -57,9 +62,3 @@ def test_reaching_the_context_window_stops_cleanly_and_says_so(base, tokenizer, 
     mtp = decode(TorchBackend(base, head=load_head(HEAD_DIR, base)), ids, 50, eos, k=4)
     assert mtp.ids == ref.ids and mtp.stopped == "context-window"
     assert decode_ar(base, ids, 5, eos).stopped == "max-new-tokens"
-
-
-def test_stop_reasons_name_the_end_of_sequence(base, tokenizer, validation_prompts):
-    out = decode_ar(base, encode_prompt(tokenizer, "proofread", validation_prompts[30]["prompt"]), 120,
-                    base.config.eos_token_id)
-    assert out.stopped == "end-of-sequence"

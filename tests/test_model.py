@@ -7,8 +7,9 @@ import pytest
 import torch
 import transformers
 
-from builder.generate import decode_ar
+from builder.generate import TorchBackend, decode_ar
 from builder.model import CheckpointError, Llama, LlamaConfig, load_llama, save_llama
+from tests.conftest import BASE_DIR
 
 SMALL = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -66,8 +67,6 @@ def test_transformers_checkpoint_loads_in_builder_with_same_logits_and_tokens(tm
 
 
 def test_shipped_base_matches_transformers(base, tokenizer):
-    from tests.conftest import BASE_DIR
-
     hf = transformers.LlamaForCausalLM.from_pretrained(BASE_DIR, attn_implementation="eager").eval()
     ids = torch.tensor([tokenizer.encode("The sqlite3 module provides an interface to databases.").ids])
     diff = (base(ids)[0] - hf_logits(hf, ids)).abs().max().item()
@@ -94,15 +93,20 @@ def test_cached_passes_equal_one_full_pass():
 
 
 def test_rollback_is_a_prefix_view_of_the_cache():
-    """Discarding rejected positions = keeping the first n: the view must act as a cache of length n."""
+    """Discarding rejected positions = keeping the first n: a view, no copy, that acts as a cache of length n."""
     model = Llama(LlamaConfig(**SMALL))
     model.init_weights(seed=4)
     ids = torch.randint(0, SMALL["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(3))
-    _, _, cache = model(ids[:, :12])                  # 12 positions, of which the last 4 get "rejected"
-    view = [(k[:, :8], v[:, :8]) for k, v in cache]
-    assert view[0][0].data_ptr() == cache[0][0].data_ptr(), "rollback must not copy"
-    got, _, _ = model(ids[:, 8:9] * 0 + 7, view)
-    want, _, _ = model(torch.cat((ids[:, :8], ids[:, :1] * 0 + 7), dim=1))
+    backend = TorchBackend(model)
+    fed = backend.prefill(ids[0, :12].tolist())      # 12 positions, of which the last 4 get "rejected"
+    kept = backend.rollback(fed, 8)
+    assert kept.ids == ids[0, :8].tolist() and kept.hidden.shape[0] == 8
+    for (k, v), (k0, v0) in zip(kept.cache, fed.cache):
+        assert k.shape[1] == v.shape[1] == 8, "the cache must hold the 8 kept positions"
+        assert k.data_ptr() == k0.data_ptr() and v.data_ptr() == v0.data_ptr(), "rollback must not copy"
+    seven = torch.tensor([[7]])
+    got, _, _ = model(seven, kept.cache)
+    want, _, _ = model(torch.cat((ids[:, :8], seven), dim=1))
     assert (got[:, -1] - want[:, -1]).abs().max() < 1e-5
 
 

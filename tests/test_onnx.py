@@ -11,19 +11,25 @@ import onnx
 import pytest
 import torch
 
-from builder.export import MANIFEST, export
+from builder.export import MANIFEST
 from builder.generate import compare_to_reference, decode, decode_ar
 from builder.model import CheckpointError
 from builder.mtp import load_head
 from builder.onnx_backend import OnnxBackend
 from builder.tasks import SPECIAL_TOKENS, TASKS, encode_prompt
-from tests.conftest import BASE_DIR, HEAD_DIR, ROOT
-from tests.test_cli import expect_error, run
+from tests.conftest import HEAD_DIR, expect_error, run
 
 
 @pytest.fixture(scope="module")
 def backend(onnx_dir):
-    return OnnxBackend(onnx_dir, with_head=True, fused=True)
+    """Plain decoding over the base graph."""
+    return OnnxBackend(onnx_dir)
+
+
+@pytest.fixture(scope="module")
+def heads(onnx_dir):
+    """k -> the backend that drafts with the head graph of k drafts, as the page runs mode mtp with that k."""
+    return {k: OnnxBackend(onnx_dir, "head", k) for k in range(1, 7)}
 
 
 @pytest.fixture(scope="module")
@@ -31,33 +37,75 @@ def head(base):
     return load_head(HEAD_DIR, base)
 
 
-def test_both_graphs_pass_the_onnx_checker(onnx_dir):
-    for name in ("base.onnx", "head.onnx", "head_k1.onnx", "step.onnx"):
-        onnx.checker.check_model(str(onnx_dir / name), full_check=True)
-        assert onnx.load(str(onnx_dir / name)).opset_import[0].version == 18
+def test_every_graph_passes_the_onnx_checker(onnx_dir):
+    m = json.loads((onnx_dir / MANIFEST).read_text())
+    files = [g["file"] for p in m["precisions"].values() for g in p["graphs"].values()]
+    assert len(files) == 2 * (1 + 6 + 1), f"base, six head graphs and the drafter in fp32 and fp16: {files}"
+    for name in files:
+        onnx.checker.check_model(str(onnx_dir / name), full_check=True)  # reads the external weights too
+        assert onnx.load(str(onnx_dir / name), load_external_data=False).opset_import[0].version == 18
 
 
-def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, backend, base, head, tokenizer):
+def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, base, head, tokenizer):
+    import onnxruntime as ort
+
     m = json.loads((onnx_dir / MANIFEST).read_text())
     for name, f in m["files"].items():
         assert (onnx_dir / name).stat().st_size == f["bytes"] and len(f["sha256"]) == 64
-    dtypes = {"tensor(int64)": "int64", "tensor(float)": "float32"}
-    for graph, session in (("base", backend.base), ("head", backend.session("head")), ("head_k2", backend.session("head_k2")),
-                           ("step", backend.step)):
-        spec = m["graphs"][graph]
-        for want, got in ((spec["inputs"], session.get_inputs()), (spec["outputs"], session.get_outputs())):
-            assert [(s["name"], s["dtype"], len(s["shape"])) for s in want] == \
-                   [(g.name, dtypes[g.type], len(g.shape)) for g in got], f"{graph} graph I/O differs from the manifest"
-    where = {o["name"]: o["location"] for g in m["graphs"].values() for o in g["outputs"]}
-    assert where["choices"] == where["drafts"] == where["accepted"] == "cpu", "only token ids (and margins) are read back"
+    dtypes = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
+    for precision, dtype in (("fp32", "float32"), ("fp16", "float16")):
+        spec = m["precisions"][precision]
+        assert spec["dtype"] == dtype
+        for graph in ("base", "head_k2", "drafter"):
+            g = spec["graphs"][graph]
+            session = ort.InferenceSession(str(onnx_dir / g["file"]), providers=["CPUExecutionProvider"])
+            for want, got in ((g["inputs"], session.get_inputs()), (g["outputs"], session.get_outputs())):
+                assert [(s["name"], s["dtype"], len(s["shape"])) for s in want] == \
+                       [(x.name, dtypes[x.type], len(x.shape)) for x in got], f"{precision} {graph}: I/O differs from the manifest"
+            past = [i for i in g["inputs"] if i["name"].startswith("past_")]
+            assert past and all(i["dtype"] == dtype for i in past), f"{precision} {graph}: the KV cache is {dtype}"
+    where = {o["name"]: o["location"] for g in m["precisions"]["fp32"]["graphs"].values() for o in g["outputs"]}
+    assert where["choices"] == where["drafts"] == "cpu", "only token ids (and margins) are read back"
     assert where["hidden"] == "gpu" and all(where[n] == "gpu" for n in m["kv"]["present_outputs"])
     assert m["head"]["k"] == head.config.k_train and m["head"]["kv_layer"] == head.config.kv_layer
+    assert m["head"]["by_k"] == {str(k): f"head_k{k}" for k in range(1, 7)}
     assert m["context_length"] == base.config.max_position_embeddings and m["eos_token_id"] == base.config.eos_token_id
     ids = tokenizer.token_to_id
     assert m["special_tokens"] == {t: ids(t) for t in SPECIAL_TOKENS if ids(t) is not None}
     assert m["tasks"] == {t: {"prefix": [ids(marker)], "suffix": [ids(sep)] if sep else []}
                           for t, (marker, sep) in TASKS.items() if ids(marker) is not None}
-    assert m["kv"]["sequence_axis"] == 1 and "prefix" in m["kv"]["rollback"]
+    assert m["kv"]["sequence_axis"] == 1 and m["defaults"] == {"k": 4, "max_new_tokens": 32}
+
+
+def external(path):
+    """(file, offset, length) of each weight a graph reads from a weights file."""
+    model = onnx.load(str(path), load_external_data=False)
+    return {t.name: tuple(x.value for x in t.external_data if x.key in ("location", "offset", "length"))
+            for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+
+
+def test_every_weight_is_stored_once_per_precision(onnx_dir, base, head):
+    """The head graphs read the embedding / LM head from base.data and share head.data; every weights file
+    is the size of its model's parameters (tied embeddings once), give or take the 64-byte alignment."""
+    from builder.drafter import load_drafter
+    from tests.conftest import DRAFTER_DIR
+
+    m = json.loads((onnx_dir / MANIFEST).read_text())
+    params = {"base": base, "head": head, "drafter": load_drafter(DRAFTER_DIR, base)}
+    for precision, p in m["precisions"].items():
+        suffix, size = ("", 4) if precision == "fp32" else (".fp16", 2)
+        for model, module in params.items():
+            n = sum(t.numel() for t in module.parameters())  # parameters() yields a tied weight once
+            small = sum(t.numel() for t in module.parameters() if t.numel() * size <= 1024)  # stay in the graph
+            got = (onnx_dir / f"{model}{suffix}.data").stat().st_size
+            assert (n - small) * size <= got < (n - small) * size + 64 * 64, \
+                f"{model}{suffix}.data holds {got} bytes for {n} parameters of {size} bytes: a weight is stored twice"
+        heads = [external(onnx_dir / p["graphs"][f"head_k{k}"]["file"]) for k in range(1, 7)]
+        assert all(h == heads[0] for h in heads), f"{precision}: the six head graphs read different weights"
+        lm_head = external(onnx_dir / p["graphs"]["base"]["file"])
+        files = {loc for loc, _, _ in heads[0].values()}
+        assert files == {f"base{suffix}.data", f"head{suffix}.data"}, files
+        assert set(heads[0].values()) & set(lm_head.values()), f"{precision}: the head has its own LM head copy"
 
 
 @pytest.mark.parametrize("length", [1, 2, 7, 100])
@@ -78,35 +126,18 @@ def test_dynamic_axes_are_dynamic(backend, base, length):
 
 
 @pytest.mark.parametrize("length", [1, 7, 100])
-def test_head_graph_drafts_what_the_torch_head_drafts(backend, base, head, length):
+def test_head_graph_drafts_what_the_torch_head_drafts(heads, base, head, length):
     ids = torch.randint(0, base.config.vocab_size, (length + 4,), generator=torch.Generator().manual_seed(length)).tolist()
-    state = backend.prefill(ids[:length])
-    _, _, state = backend.verify(state, ids[length:])
-    state = backend.rollback(state, 2)  # the anchor is now the 2nd verified token, inside a longer buffer
-    state.ahead = None  # draft with the head graph, not with drafts the step graph may have made
     with torch.no_grad():
         _, hidden, cache = base(torch.tensor([ids[: length + 2]]))
     token = ids[length + 2]
-    assert backend.draft(state, token, 6) == head.draft(base, hidden[0, -1], token, cache, 6)
-    assert backend.draft(state, token, 2) == head.draft(base, hidden[0, -1], token, cache, 2)
-
-
-def test_step_graph_drafts_from_the_anchor_the_acceptance_rule_picks(backend, base, head):
-    """One fused run: verify [token, d1, d2, wrong], accept 2, and draft from there as the torch head does."""
-    ids = torch.randint(0, base.config.vocab_size, (12,), generator=torch.Generator().manual_seed(5)).tolist()
-    state = backend.prefill(ids)
-    a = backend.verify(state, [7])[0][0]              # the base's own continuation of ids + [7]: a, b, c
-    b = backend.verify(state, [7, a])[0][1]
-    c = backend.verify(state, [7, a, b])[0][2]
-    fed = [7, a, b, (c + 1) % base.config.vocab_size]  # two right drafts, then a wrong one
-    out, _, after = backend.verify(state, fed)
-    assert out[:3] == [a, b, c] and after.ahead is not None and after.ahead[:2] == (2, c)
-    after = backend.rollback(after, 3)
-    with torch.no_grad():
-        _, hidden, cache = base(torch.tensor([ids + fed[:3]]))
-    runs = backend.runs
-    assert backend.draft(after, c, 6) == head.draft(base, hidden[0, -1], c, cache, 6)
-    assert backend.runs == runs, "the step graph's drafts are used, no head run"
+    for k, backend in heads.items():
+        state = backend.prefill(ids[:length])
+        _, _, state = backend.verify(state, ids[length:])
+        state = backend.rollback(state, 2)  # the anchor is now the 2nd verified token, inside a longer buffer
+        assert backend.draft(state, token, k) == head.draft(base, hidden[0, -1], token, cache, k), f"head_k{k}"
+        # near the end of a generation fewer drafts are allowed: the first ones of the same graph
+        assert backend.draft(state, token, 1) == head.draft(base, hidden[0, -1], token, cache, 1), f"head_k{k}, 1 draft"
 
 
 class OracleDrafts:
@@ -137,16 +168,18 @@ def test_accepting_and_rolling_back_the_onnx_cache_gives_the_reference(backend, 
             assert out.steps == -(-len(ref.ids) // (k + 1)) or eos in ref.ids
 
 
-def test_onnx_backend_equals_the_torch_reference(backend, base, tokenizer, validation_prompts):
-    """60 validation prompts of both tasks, modes ar and mtp with k = 1..6: CONTRACT.md's exactness rule."""
+def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer, validation_prompts):
+    """60 validation prompts of both tasks, plain and mtp with k = 1..6, on the path the page runs (the
+    head graph of k drafts, then the base verifying k + 1): CONTRACT.md's exactness rule."""
     eos = base.config.eos_token_id
     near_ties, checked = [], 0
     for p in validation_prompts:
         ids = encode_prompt(tokenizer, p["task"], p["prompt"])
         ref = decode_ar(base, ids, 32, eos)
         for k in range(0, 7):
-            backend.runs = 0
-            out = decode(backend, ids, 32, eos, k)
+            b = heads[k] if k else backend
+            runs = b.runs
+            out = decode(b, ids, 32, eos, k)
             verdict, where = compare_to_reference(ref, out.ids)
             assert verdict != "mismatch", f"{p['task']} {p['prompt']!r} k={k}: first mismatch at token {where}"
             if verdict == "near-tie":
@@ -154,26 +187,11 @@ def test_onnx_backend_equals_the_torch_reference(backend, base, tokenizer, valid
             elif k == 0:
                 np.testing.assert_allclose(out.margins, ref.margins, atol=1e-3)
             checked += 1
-            if k:
-                assert backend.runs - 1 <= out.steps + 1, f"k={k}: {backend.runs} runs for {out.steps} steps: " \
-                                                           "more than one per step (and one head run to start)"
+            head_runs = b.runs - runs - 1 - out.steps  # after the prefill and one verify per step
+            assert (out.steps - 1 <= head_runs <= out.steps) if k else head_runs == 0, \
+                f"k={k}: {head_runs} head runs for {out.steps} steps: one a step (none where no draft is allowed)"
     print(f"\nonnx exactness: {checked} decodes, {len(near_ties)} excused near-ties {near_ties}")
     assert len(near_ties) <= checked // 20, f"too many near-tie divergences: {near_ties}"
-
-
-def test_unfused_backend_equals_the_reference_with_two_runs_per_step(onnx_dir, base, tokenizer, validation_prompts):
-    """fused=False: the head graph drafts, the base graph verifies (what a page without step.onnx runs)."""
-    backend = OnnxBackend(onnx_dir, with_head=True, fused=False)
-    eos = base.config.eos_token_id
-    for p in validation_prompts[:4] + validation_prompts[30:34]:
-        ids = encode_prompt(tokenizer, p["task"], p["prompt"])
-        ref = decode_ar(base, ids, 24, eos)
-        for k in (1, 4, 6):
-            backend.runs = 0
-            out = decode(backend, ids, 24, eos, k)
-            verdict, where = compare_to_reference(ref, out.ids)
-            assert verdict != "mismatch", f"{p['task']} {p['prompt']!r} k={k}: first mismatch at token {where}"
-            assert backend.runs - 1 <= 2 * out.steps
 
 
 def test_cli_onnx_backend_gives_the_torch_ids(onnx_dir):
@@ -186,11 +204,11 @@ def test_cli_onnx_backend_gives_the_torch_ids(onnx_dir):
     assert o.stderr == "", "a valid export is used as it is, not exported again"
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "remove"])
-def test_tampered_onnx_file_is_refused_naming_the_file(onnx_dir, tmp_path, damage):
+@pytest.mark.parametrize("victim,damage", [("head.data", "flip"), ("base.onnx", "truncate"), ("base.data", "remove")])
+def test_tampered_onnx_file_is_refused_naming_the_file(onnx_dir, tmp_path, victim, damage):
     d = tmp_path / "onnx"
     shutil.copytree(onnx_dir, d)
-    victim = d / ("head.onnx" if damage == "flip" else "base.onnx")
+    victim = d / victim
     data = bytearray(victim.read_bytes())
     if damage == "flip":
         data[len(data) // 2] ^= 0x01
@@ -201,7 +219,7 @@ def test_tampered_onnx_file_is_refused_naming_the_file(onnx_dir, tmp_path, damag
         victim.unlink()
     want = "missing" if damage == "remove" else "sha256 mismatch"
     with pytest.raises(CheckpointError, match=want) as e:
-        OnnxBackend(d, with_head=True)
+        OnnxBackend(d, "head", 4)
     assert victim.name in str(e.value)
     expect_error(run("generate", "--prompt", "Lists are", "--backend", "onnx", "--onnx-dir", str(d), "--mode", "mtp"),
                  victim.name, want)

@@ -3,6 +3,8 @@
 - the page's ids equal the Python torch reference (CONTRACT.md's exactness rule) on WebGPU and WASM,
   plain, MTP and the independent drafter, for validation prompts of both tasks;
 - the page's tokenizer gives Python's ids for tricky text;
+- each weights file is fetched once per page and shared by the graphs that read it; an altered graph or
+  weights file is named;
 - zero-copy on WebGPU is measured: every GPU read-back in the decode loop is hooked (GPUBuffer.mapAsync)
   and is one token-id output per run, and the head's inputs are the very GPU buffers the base produced;
 - the demo works on a phone-sized screen (screenshot saved to build/screenshots/).
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import urllib.request
+from collections import Counter
 
 import pytest
 
@@ -63,16 +66,39 @@ def prompts(validation_prompts):
 def test_build_copies_only_what_the_page_needs(site):
     manifest = json.loads((site / "models" / "manifest.json").read_text())
     heads = list(manifest["head"]["by_k"].values())
-    assert heads == ["head_k1", "head_k2", "head_k3", "head_k4", "head_k5", "head"]
-    assert set(manifest["graphs"]) == {"base", "drafter", *heads}, "not the fused step graph: the page runs two a step"
-    graphs = ["base", "drafter", *heads]
-    assert sorted(manifest["files"]) == sorted([f"{g}{v}.onnx" for g in graphs for v in ("", ".fp16")])
+    assert heads == [f"head_k{k}" for k in range(1, manifest["head"]["k"] + 1)]
+    for precision, spec in manifest["precisions"].items():
+        assert set(spec["graphs"]) == {"base", "drafter", *heads}, f"{precision}: not the graphs the page runs"
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
-    expected = {"index.html", "app.mjs", "mtp.mjs", "style.css", "models/manifest.json", "models/tokenizer.json",
+    modules = ["app.mjs", "load.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs"]
+    expected = {"index.html", *modules, "style.css", "models/manifest.json",
                 *(f"models/{f}" for f in manifest["files"]), *VENDOR.values()}
     assert files == expected
     html = (site / "index.html").read_text()
     assert "http://" not in html and "https://" not in html and 'src="/' not in html, "paths must be relative"
+
+
+def test_each_weights_file_is_fetched_once_and_shared_by_the_graphs_that_read_it(browser, url, site):
+    """MTP at two k (two head graphs reading the base's weights), the drafter and plain decoding in one page:
+    every file is fetched once, and only the files of the graphs that ran."""
+    manifest = json.loads((site / "models" / "manifest.json").read_text())
+    graphs = manifest["precisions"]["fp32"]["graphs"]
+    p = Page(browser, url, "?backend=wasm")
+    try:
+        at_ready = [r.rsplit("/", 1)[1] for r in p.requests if "/models/" in r]
+        for mode, k in [("mtp", K), ("mtp", 2), ("drafter", K), ("ar", 1)]:
+            p.generate(prompt="The list", mode=mode, k=k, maxNewTokens=8)
+        fetched = Counter(r.rsplit("/", 1)[1] for r in p.requests if "/models/" in r)
+    finally:
+        p.close()
+    ran = ["base", f"head_k{K}", "head_k2", "drafter"]
+    assert set(graphs["base"]["weights"]) <= set(graphs[f"head_k{K}"]["weights"]) & set(graphs["head_k2"]["weights"]), \
+        "the head graphs do not read the base's weights file"
+    needed = {f for g in ran for f in [graphs[g]["file"], *graphs[g]["weights"]]} | {"manifest.json", manifest["tokenizer"]}
+    assert set(fetched) == needed, f"fetched {sorted(fetched)}, the graphs that ran need {sorted(needed)}"
+    assert all(n == 1 for n in fetched.values()), f"a file was fetched more than once: {fetched}"
+    first = sum(manifest["files"][f]["bytes"] for f in at_ready if f in manifest["files"])
+    print(f"\nwasm fp32: {first / 1e6:.1f} MB of models fetched before the first MTP generation ({sorted(at_ready)})")
 
 
 def test_serve_gives_the_mime_types_the_page_needs(url):
@@ -197,18 +223,22 @@ def test_without_webgpu_the_page_falls_back_to_wasm_and_says_so(browser, url):
         p.close()
 
 
-def test_an_altered_model_file_is_a_clear_error_naming_it(browser, site, tmp_path):
+@pytest.mark.parametrize("which", ["graph", "weights"])
+def test_an_altered_model_file_is_a_clear_error_naming_it(browser, site, tmp_path, which):
+    """The head graph the page opens at load, or the head's own weights file (the base's is checked first)."""
     altered = tmp_path / "site"
     shutil.copytree(site, altered)
-    data = bytearray((altered / "models" / f"head_k{K}.onnx").read_bytes())
+    graph = json.loads((site / "models" / "manifest.json").read_text())["precisions"]["fp32"]["graphs"][f"head_k{K}"]
+    name = graph["file"] if which == "graph" else next(w for w in graph["weights"] if not w.startswith("base"))
+    data = bytearray((altered / "models" / name).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (altered / "models" / f"head_k{K}.onnx").write_bytes(bytes(data))
+    (altered / "models" / name).write_bytes(bytes(data))
     with served(altered) as url:
         context = browser.new_context()
         page = context.new_page()
         page.goto(url + "?backend=wasm")
         error = page.evaluate("window.frozenMTP.ready.then(() => 'loaded', (e) => e.message)")
-        assert f"head_k{K}.onnx" in error and "altered" in error, error
+        assert f"models/{name} is altered" in error, error
         assert page.locator("#message").inner_text() == error, "the page shows the error"
         assert page.get_by_role("button", name="Generate").is_disabled()
         context.close()

@@ -12,9 +12,11 @@ import torch
 
 from builder.generate import TorchBackend, decode, decode_ar
 from builder.model import Llama, LlamaConfig
+from tests.conftest import check_steps
 
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  tie_word_embeddings=False)  # tied, a random model repeats its last token forever
 
 
 class OracleDrafter:
@@ -50,13 +52,14 @@ def test_speculative_tokens_equal_plain_greedy(base, k, p_wrong):
     for seed in range(4):
         prompt = torch.randint(0, CFG.vocab_size, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
         ref = decode_ar(base, prompt, 40, None)
+        assert len(set(ref.ids)) >= 5, f"seed={seed}: the reference repeats itself, a weak check of the loop"
         drafter = OracleDrafter(prompt, ref.ids, p_wrong, seed)
         got = decode(TorchBackend(base, drafter), prompt, 40, None, k)
         first = next((i for i, (a, b) in enumerate(zip(got.ids, ref.ids)) if a != b), None)
         assert got.ids == ref.ids, f"k={k} p_wrong={p_wrong} seed={seed}: first mismatch at token {first}"
         assert got.margins == pytest.approx(ref.margins, abs=1e-4)
         assert len(got.accepted) == got.steps and all(0 <= a <= k for a in got.accepted)
-        assert sum(a + 1 for a in got.accepted) >= len(got.ids), "each step decides accepted + 1 tokens"
+        check_steps(got.accepted, len(got.ids), got.stopped)  # no end token here: exactly accepted + 1 per step
         if p_wrong == 0.0:
             assert got.steps == -(-40 // (k + 1)), "perfect drafts: every step accepts all k"
         if p_wrong == 1.0:
@@ -73,9 +76,17 @@ def test_drafts_never_run_past_max_new_tokens_or_the_context(base):
 
 
 def test_stops_at_end_of_sequence_inside_an_accepted_run(base):
+    """Perfect drafts at k=4: every step decides 5 tokens; the end token is one first decided in the middle
+    of a later step, whose remaining accepted tokens must be dropped."""
     prompt = [3, 1, 4, 1, 5]
     ref = decode_ar(base, prompt, 30, None)
-    eos = ref.ids[9]  # pretend the 10th token is the end token
-    want = ref.ids[: ref.ids.index(eos) + 1]
+    first_at = {}
+    for i, t in enumerate(ref.ids):
+        first_at.setdefault(t, i)
+    eos = next(t for t, i in first_at.items() if i >= 5 and i % 5 != 4)  # pretend this token is the end token
+    want = ref.ids[: first_at[eos] + 1]
     got = decode(TorchBackend(base, OracleDrafter(prompt, ref.ids, 0.0, 0)), prompt, 30, eos, 4)
     assert got.ids == want == decode_ar(base, prompt, 30, eos).ids
+    assert got.stopped == "end-of-sequence" and got.accepted[-1] == 4
+    assert sum(a + 1 for a in got.accepted) > len(got.ids), "the end token was not inside the last step"
+    check_steps(got.accepted, len(got.ids), got.stopped)

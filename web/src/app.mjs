@@ -2,7 +2,10 @@
 // window.frozenMTP (CONTRACT.md) for tests and outside checks. User and model text only ever reaches the
 // page through textContent, never innerHTML.
 
-import { DeviceLostError, PageError, Runtime, chooseBackend, choosePrecision } from './mtp.mjs';
+import { DeviceLostError, PageError } from './errors.mjs';
+import { acceptance, decode } from './generate.mjs';
+import { chooseBackend, choosePrecision, loadModels } from './load.mjs';
+import { OnnxBackend } from './onnx_backend.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -22,19 +25,23 @@ function mb(bytes) {
   return `${(bytes / 1e6).toFixed(1)} MB`;
 }
 
+/** The largest k of a mode's draft source, from the manifest. */
+const kMax = (manifest, mode) => (mode === 'drafter' ? manifest.drafter : manifest.head).k;
+
 // ---------------------------------------------------------------- loading
 
 /**
- * Loads the models for a backend choice; the runtime falls back to WASM if its GPU device is lost.
+ * Loads the models for a backend choice; the page falls back to WASM if their GPU device is lost.
  * `since`: when the load started (the first counts from the page's start).
+ * @returns {Promise<{models: {manifest, tokenizer, sessions}, info: object}>}
  */
 async function load(choice, since = 0) {
   $('backend').textContent = choice.backend === 'webgpu' ? 'WebGPU' : 'WASM';
   $('adapter').textContent = choice.adapter ? `${choice.note}: ${choice.adapter}` : choice.note;
-  const runtime = await Runtime.load(new URL('models/', location.href), {
+  const loading = loadModels(new URL('models/', location.href), {
     backend: choice.backend,
     precision: choice.precision,
-    open: (manifest) => ['base', manifest.head.by_k[$('k').value]],  // the rest open when first used
+    open: (manifest) => ['base', manifest.head.by_k[manifest.defaults.k]],  // the rest open when first used
     onProgress(loaded, total, file) {
       $('progress').hidden = loaded >= total;
       $('progress').max = total;
@@ -42,31 +49,34 @@ async function load(choice, since = 0) {
       $('progress-text').textContent = loaded >= total ? `Loaded ${file} (${mb(total)}).`
         : `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
     },
+    onLost(info) {
+      const why = `the GPU device was lost (${info.reason}: ${info.message})`;
+      $('progress-text').textContent = `${why[0].toUpperCase()}${why.slice(1)}: reloading the models on WASM…`;
+      // once the run in flight has failed (close waits for it): releasing sessions or creating others while
+      // onnxruntime-web's WebAssembly is suspended inside a run would re-enter it
+      current = loading.then(({ sessions }) => sessions.close())
+        .then(() => load({ backend: 'wasm', adapter: null, note: `WASM: ${why}`, ...choosePrecision(null, 'wasm', false) },
+          performance.now()));
+      current.catch(onLoadFailure);
+    },
   });
+  const models = await loading;
+  const { manifest, sessions } = models;
   const loadMs = performance.now() - since;
-  const precisionNote = runtime.precision === choice.precision ? choice.precisionNote
-    : `${runtime.precision}: this site has no ${choice.precision} models`;
-  $('backend').textContent += ` · ${runtime.precision}`;
+  const precisionNote = sessions.precision === choice.precision ? choice.precisionNote
+    : `${sessions.precision}: this site has no ${choice.precision} models`;
+  $('backend').textContent += ` · ${sessions.precision}`;
   $('precision').textContent = `· ${precisionNote}`;
-  const hasDrafter = Boolean(runtime.manifest.graphs.drafter);
-  $('mode').querySelector('option[value=drafter]').disabled = !hasDrafter;
-  $('compare').textContent = hasDrafter ? 'Compare plain, MTP, drafter' : 'Compare plain and MTP';
+  const modes = Object.keys(MODES).filter((m) => m !== 'drafter' || manifest.drafter);
+  $('mode').querySelector('option[value=drafter]').disabled = !manifest.drafter;
+  $('compare').textContent = manifest.drafter ? 'Compare plain, MTP, drafter' : 'Compare plain and MTP';
   $('progress').hidden = true;
   $('progress-text').textContent = `Models ready in ${(loadMs / 1000).toFixed(1)} s.`;
   for (const id of ['generate', 'compare']) $(id).disabled = false;
-  runtime.onLost = (info) => {
-    const why = `the GPU device was lost (${info.reason}: ${info.message})`;
-    $('progress-text').textContent = `${why[0].toUpperCase()}${why.slice(1)}: reloading the models on WASM…`;
-    // after the run in flight has failed: releasing sessions or creating others while onnxruntime-web's
-    // WebAssembly is suspended inside a run would re-enter it
-    current = runtime.queue.then(() => runtime.close())
-      .then(() => load({ backend: 'wasm', adapter: null, note: `WASM: ${why}`, ...choosePrecision(null, 'wasm', false) },
-        performance.now()));
-    current.catch(onLoadFailure);
-  };
-  return { runtime, info: { backend: runtime.backend, adapter: choice.adapter, note: choice.note, kMax: runtime.kMax,
-    precision: runtime.precision, precisionNote, modes: Object.keys(MODES).filter((m) => m !== 'drafter' || hasDrafter),
-    contextLength: runtime.context, loadMs } };
+  return { models, info: { backend: sessions.backend, adapter: choice.adapter, note: choice.note, modes,
+    kMax: kMax(manifest, 'mtp'), defaults: manifest.defaults, precision: sessions.precision, precisionNote,
+    contextLength: manifest.context_length,
+    loadMs } };
 }
 
 function onLoadFailure(e) {
@@ -75,7 +85,7 @@ function onLoadFailure(e) {
   showError(e);
 }
 
-// the promise of the models in use, {runtime, info}: replaced when the page falls back to WASM
+// the promise of the models in use, {models, info}: replaced when the page falls back to WASM
 let current = chooseBackend(params.get('backend'), params.get('precision')).then((choice) => load(choice));
 const ready = current;
 ready.catch(onLoadFailure);
@@ -86,44 +96,50 @@ let chain = Promise.resolve();
 let controller = null;
 
 /**
- * One generation, queued behind any running one so that two decodes never run at once.
- * @returns {Promise<{promptIds, ids, text, steps, accepted, ms, firstTokenMs, backend, mode, k, task, stopped, trace?}>}
+ * One generation, queued behind any running one so that two decodes never run at once. k and maxNewTokens
+ * default to the manifest's `defaults`; trace: true returns every graph run's inputs and outputs.
+ * onStep(sofar, ms) sees the decode after every step; an aborted signal stops it at the next step.
+ * @returns {Promise<{promptIds, ids, text, steps, accepted, ms, firstTokenMs, backend, precision, mode, k, task,
+ *   stopped, trace?}>}
  */
-function generate({ prompt, task = 'continue', mode = 'mtp', k = 4, maxNewTokens = 32, trace = false, onStep, signal } = {}) {
+function generate({ prompt, task = 'continue', mode = 'mtp', k, maxNewTokens, trace = false, onStep, signal } = {}) {
   const job = chain.then(async () => {
-    const { runtime } = await current;
+    const { models: { manifest, tokenizer, sessions } } = await current;
+    k ??= manifest.defaults.k;
+    maxNewTokens ??= manifest.defaults.max_new_tokens;
     if (!(mode in MODES)) throw new PageError(`unknown mode "${mode}": choose ar, mtp or drafter`);
-    if (mode !== 'ar' && !(Number.isInteger(k) && k >= 1 && k <= runtime.kMax)) {
-      throw new PageError(`k must be a whole number from 1 to ${runtime.kMax}, got ${k}`);
+    if (mode === 'drafter' && !manifest.drafter) throw new PageError('this site has no drafter model');
+    if (mode !== 'ar' && !(Number.isInteger(k) && k >= 1 && k <= kMax(manifest, mode))) {
+      throw new PageError(`k must be a whole number from 1 to ${kMax(manifest, mode)}, got ${k}`);
     }
-    const promptIds = runtime.encodePrompt(task, prompt);
-    // open (download) the graphs this mode needs before the clock starts
-    await runtime.openAll(mode === 'ar' ? ['base'] : ['base', mode === 'drafter' ? 'drafter' : runtime.headGraph(k)]);
-    runtime.trace = trace ? [] : null;
+    const promptIds = tokenizer.encodePrompt(task, prompt);
+    const source = { ar: null, mtp: 'head', drafter: 'drafter' }[mode];
+    const backend = new OnnxBackend(sessions, { source, k, trace: trace ? [] : null });
+    await sessions.open(backend.graphs);  // open (download) the graphs this mode needs before the clock starts
     const t0 = performance.now();
     let firstTokenMs = null;
-    let out;
+    let out, ms;
     try {
-      out = await runtime.decode(promptIds, {
-        maxNewTokens, k: mode === 'ar' ? 0 : k, source: mode === 'drafter' ? 'drafter' : 'head', signal,
-        onStep(decided, sofar) {
+      out = await decode(backend, promptIds, {
+        maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, signal,
+        onStep(sofar) {
           firstTokenMs ??= performance.now() - t0;
-          onStep?.(decided, sofar, performance.now() - t0);
+          onStep?.(sofar, performance.now() - t0);
         },
       });
+      ms = performance.now() - t0;
     } catch (e) {
       if (e instanceof DeviceLostError) {
         throw new DeviceLostError(`${e.message} during this generation: the page is reloading the models on WASM; ` +
           'generate again');
       }
       throw e;
+    } finally {
+      backend.close();
     }
-    const ms = performance.now() - t0;
-    const result = { promptIds, ids: out.ids, text: runtime.decodeText(out.ids), steps: out.steps, accepted: out.accepted,
-      ms, firstTokenMs, backend: runtime.backend, precision: runtime.precision, mode, k: mode === 'ar' ? 0 : k, task, stopped: out.stopped };
-    if (trace) result.trace = runtime.trace;
-    runtime.trace = null;
-    return result;
+    return { promptIds, ids: out.ids, text: tokenizer.decode(out.ids), steps: out.steps, accepted: out.accepted,
+      ms, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
+      k: source ? k : 0, task, stopped: out.stopped, ...(trace ? { trace: backend.trace } : {}) };
   });
   chain = job.catch(() => {});
   return job;
@@ -133,12 +149,12 @@ window.frozenMTP = {
   ready: ready.then(({ info }) => info),
   /** The models in use now (after a fallback, not those `ready` reported), and the GPU tensors they hold. */
   info: async () => {
-    const { runtime, info } = await current;
-    return { ...info, liveGpuTensors: runtime.gpuTensors.size };
+    const { models, info } = await current;
+    return { ...info, liveGpuTensors: models.sessions.gpuTensors.size };
   },
   generate: (options) => generate(options),
   /** The ids Python's encode_text gives for text (tokenizer parity tests). */
-  encodeText: async (text) => (await ready).runtime.encodeText(text),
+  encodeText: async (text) => (await ready).models.tokenizer.encodeText(text),
 };
 
 // ---------------------------------------------------------------- the page's controls
@@ -156,24 +172,30 @@ for (const button of document.querySelectorAll('.example')) {
   button.addEventListener('click', () => { $('prompt').value = button.dataset.text; });
 }
 $('k').addEventListener('input', () => { $('k-value').textContent = $('k').value; });
-$('mode').addEventListener('change', () => { $('k').disabled = $('mode').value === 'ar'; });
+$('mode').addEventListener('change', async () => {
+  $('k').disabled = $('mode').value === 'ar';
+  $('k').max = kMax((await current).models.manifest, $('mode').value);  // the template's max is the head's
+  $('k-value').textContent = $('k').value;
+});
 
 /** Streams decided tokens into the output, each marked by how it came; text is decoded incrementally. */
 class Stream {
-  constructor(runtime, element) {
-    this.runtime = runtime;
+  constructor(tokenizer, element) {
+    this.tokenizer = tokenizer;
     this.element = element;
     this.ids = [];
     this.shown = 0;  // characters of the decoded text already shown
     element.replaceChildren();
   }
 
-  push(decided) {
-    for (const { id, drafted } of decided) {
+  /** Shows the tokens the last step decided: its accepted drafts, then the base's own token. */
+  push(sofar) {
+    const accepted = sofar.accepted.at(-1) ?? 0;
+    for (const [i, id] of sofar.ids.slice(this.ids.length).entries()) {
       this.ids.push(id);
-      const text = this.runtime.decodeText(this.ids).replace(/\uFFFD+$/, '');  // hold back a partial character
+      const text = this.tokenizer.decode(this.ids).replace(/\uFFFD+$/, '');  // hold back a partial character
       const span = document.createElement('span');
-      span.className = `tok ${drafted ? 'drafted' : 'own'}`;
+      span.className = `tok ${i < accepted ? 'drafted' : 'own'}`;
       span.textContent = text.slice(this.shown);
       this.shown = Math.max(this.shown, text.length);
       this.element.append(span);
@@ -185,27 +207,22 @@ class Stream {
   }
 }
 
-function showFigures(result, ms) {
-  const steps = result.steps;
-  const tokens = result.ids.length;
-  $('tps').textContent = ms > 0 ? (tokens / (ms / 1000)).toFixed(1) : '–';
-  $('tau').textContent = steps ? (tokens / steps).toFixed(2) : '–';
+function showFigures({ ids, steps, accepted, k }, ms) {
+  const [tau, byPosition] = acceptance(accepted, k);
+  $('tps').textContent = ms > 0 ? (ids.length / (ms / 1000)).toFixed(1) : '–';
+  $('tau').textContent = steps ? tau.toFixed(2) : '–';
   $('steps').textContent = String(steps);
-  $('ntok').textContent = String(tokens);
-  const bars = $('bars');
-  bars.replaceChildren();
-  const k = result.k || 0;
-  for (let i = 1; i <= k; i += 1) {
-    const share = steps ? result.accepted.filter((n) => n >= i).length / steps : 0;
+  $('ntok').textContent = String(ids.length);
+  $('bars').replaceChildren(...byPosition.map((share, i) => {
     const bar = document.createElement('div');
     bar.className = 'bar';
     const fill = document.createElement('span');
     fill.style.height = `${Math.round(share * 100)}%`;
     const label = document.createElement('small');
-    label.textContent = `${i}: ${Math.round(share * 100)}%`;
+    label.textContent = `${i + 1}: ${Math.round(share * 100)}%`;
     bar.append(fill, label);
-    bars.append(bar);
-  }
+    return bar;
+  }));
 }
 
 const STOPS = { 'max-new-tokens': 'Stopped at the new-token limit.', 'end-of-sequence': 'The model ended the text.',
@@ -218,15 +235,16 @@ function setBusy(busy) {
 }
 
 async function runOnPage(mode) {
-  const { runtime } = await current;
-  const stream = new Stream(runtime, $('output'));
-  const k = Number($('k').value);
+  const { models } = await current;
+  const stream = new Stream(models.tokenizer, $('output'));
+  const k = mode === 'ar' ? 0 : Math.min(Number($('k').value), kMax(models.manifest, mode));
   controller = new AbortController();
   const result = await generate({
-    prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: Number($('max-new').value), signal: controller.signal,
-    onStep(decided, sofar, ms) {
-      stream.push(decided);
-      showFigures({ ids: sofar.ids, steps: sofar.steps, accepted: sofar.accepted, k: mode === 'ar' ? 0 : k }, ms);
+    prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: Number($('max-new').value),
+    signal: controller.signal,
+    onStep(sofar, ms) {
+      stream.push(sofar);
+      showFigures({ ...sofar, k }, ms);
     },
   });
   stream.finish(result.text);

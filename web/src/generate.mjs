@@ -1,0 +1,75 @@
+// Greedy decoding, plain and speculative, as one loop over a small backend interface: builder/generate.py's
+// `decode`, line for line (its docstring explains the loop). The backend (onnx_backend.mjs) runs the graphs.
+// The page's extras: onStep sees the decode after every step (streaming), and an aborted signal stops it
+// before the next step (`stopped` is then 'stopped').
+
+import { PageError } from './errors.mjs';
+
+/**
+ * How many new tokens a decode may produce: maxNewTokens, clamped so that the prompt and its new tokens
+ * fit the context window (as Python's `room`). A prompt that leaves no room is an error.
+ */
+export function room(promptIds, maxNewTokens, context) {
+  if (promptIds.length < 2) {  // with a marker or BOS first, only a model without either meets this with text
+    throw new PageError(promptIds.length ? 'the prompt is a single token: decoding needs at least two, write a little more'
+      : 'the prompt is empty');
+  }
+  if (!Number.isInteger(maxNewTokens) || maxNewTokens < 1) {
+    throw new PageError(`max new tokens must be a whole number of at least 1, got ${maxNewTokens}`);
+  }
+  if (promptIds.length >= context) {
+    throw new PageError(`the prompt is ${promptIds.length} tokens, too long for the context window of ${context} ` +
+      `tokens: shorten it by at least ${promptIds.length - context + 1} tokens`);
+  }
+  return Math.min(maxNewTokens, context - promptIds.length);
+}
+
+/**
+ * Greedy decoding; with k > 0 the backend drafts k tokens per step and the base verifies them.
+ * @param {{context: number, prefill: Function, verify: Function, rollback: Function, draft: Function}} backend
+ * @param {number[]} promptIds
+ * @param {{maxNewTokens: number, eos: number|null, k?: number, onStep?: (out: object) => void, signal?: AbortSignal}} options
+ * @returns {Promise<{ids: number[], steps: number, accepted: number[], stopped: string}>}
+ */
+export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, onStep, signal }) {
+  const limit = room(promptIds, maxNewTokens, backend.context);
+  const out = { ids: [], steps: 0, accepted: [], stopped: '' };
+  let state = await backend.prefill(promptIds.slice(0, -1));
+  let token = promptIds.at(-1);
+  while (!signal?.aborted) {
+    // never draft past the limit: that also keeps every fed position inside the context
+    const kStep = Math.min(k, limit - out.ids.length - 1);
+    const drafts = kStep > 0 ? await backend.draft(state, token, kStep) : [];
+    let choices;
+    [choices, state] = await backend.verify(state, [token, ...drafts]);
+    let n = 0;
+    while (n < drafts.length && drafts[n] === choices[n]) n += 1;  // acceptance: the base chose the draft itself
+    state = backend.rollback(state, n + 1);  // keep [token, d_1..d_n]; the rejected drafts go
+    out.steps += 1;
+    if (k) out.accepted.push(n);
+    for (const tok of choices.slice(0, n + 1)) {
+      out.ids.push(tok);
+      if (tok === eos || out.ids.length === limit) {
+        out.stopped = tok === eos ? 'end-of-sequence' : limit === maxNewTokens ? 'max-new-tokens' : 'context-window';
+        break;
+      }
+    }
+    onStep?.(out);
+    if (out.stopped) return out;
+    token = out.ids.at(-1);
+  }
+  out.stopped = 'stopped';
+  return out;
+}
+
+/**
+ * CONTRACT.md's acceptance figures of speculative steps, as Python's `acceptance`: tau, the mean over steps
+ * of accepted drafts + 1 (tokens decided per base pass; 1 for plain decoding, which records no steps), and
+ * for draft positions 1..k the share of steps that accepted the i-th draft.
+ * @returns {[number, number[]]}
+ */
+export function acceptance(accepted, k) {
+  if (!accepted.length) return [1, new Array(k).fill(0)];
+  const tau = accepted.reduce((sum, a) => sum + a + 1, 0) / accepted.length;
+  return [tau, Array.from({ length: k }, (_, i) => accepted.filter((a) => a >= i + 1).length / accepted.length)];
+}

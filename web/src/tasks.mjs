@@ -1,0 +1,38 @@
+// The tasks' one prompt format and the text of token ids, as builder/tasks.py: a prompt is the task's
+// prefix ids (from the manifest), the ids of the user's text, then the task's suffix ids.
+
+import { PageError } from './errors.mjs';
+
+export class TaskTokenizer {
+  /**
+   * @param {object} tokenizer  a tokenizers.js Tokenizer built WITHOUT added tokens, so that special tokens
+   *   are encoded by id only, never parsed out of the user's text: "<|fix|>" typed by a user stays text
+   * @param {object} manifest   models/manifest.json: its tasks and special tokens
+   */
+  constructor(tokenizer, manifest) {
+    this.tokenizer = tokenizer;
+    this.tasks = manifest.tasks;  // task -> {prefix: ids, suffix: ids}
+    this.special = new Set(Object.values(manifest.special_tokens));
+  }
+
+  /** The ids of plain text (no special tokens recognised in it), as Python's encode_text. */
+  encodeText(text) {
+    // a lone surrogate (half a UTF-16 pair) becomes U+FFFD, as builder/tasks.py's well_formed
+    return text ? this.tokenizer.encode(text.toWellFormed(), { add_special_tokens: false }).ids : [];
+  }
+
+  /** The prompt's ids in the task's one format: prefix + text + suffix. */
+  encodePrompt(task, text) {
+    const format = this.tasks[task];
+    if (!format) throw new PageError(`unknown task "${task}": choose ${Object.keys(this.tasks).join(' or ')}`);
+    if (typeof text !== 'string') throw new PageError(`the prompt must be text, got ${typeof text}`);
+    if (!text.trim()) throw new PageError('the prompt is empty');
+    return [...format.prefix, ...this.encodeText(text), ...format.suffix];
+  }
+
+  /** The text of new ids, special tokens left out (as Python's decode). */
+  decode(ids) {
+    const text = ids.filter((id) => !this.special.has(id));
+    return text.length ? this.tokenizer.decode(text) : '';  // tokenizers.js refuses an empty list
+  }
+}
