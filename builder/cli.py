@@ -325,7 +325,7 @@ def cmd_train_drafter(args) -> None:
 
     cfg = DrafterTrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     log = train_and_report(Path(args.base), Path(args.drafter), cfg)
-    k4 = {t: log["acceptance"][f"{t}/k=4"]["tau"] for t in TASKS}
+    k4 = {v["task"]: v["tau"] for v in log["acceptance"].values() if v["k"] == 4}
     print(f"wrote {args.drafter}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
 
 

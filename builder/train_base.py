@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm import tqdm
 
-from .corpus import SOURCES, Corpus, DataError, load_corpus, proofread_pairs, summary_pairs
+from .corpus import SOURCES, Corpus, DataError, load_corpus, missing_packages, proofread_pairs, summary_pairs
 from .model import Llama, LlamaConfig, save_llama
 from .tasks import EOS, SPECIAL_TOKENS, TASKS, encode_text
 
@@ -388,18 +388,6 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
             "summarize_exact": sum(g == t for g, t in summaries) / max(1, len(summaries)),
             "summarize_overlap_f1": sum(overlap_f1(g, t) for g, t in summaries) / max(1, len(summaries)),
             "summarize_evaluated": len(summaries), "samples": samples}
-
-
-def missing_packages(sources) -> list[str]:
-    from .corpus import source_files
-
-    missing = []
-    for name in sources:
-        try:
-            source_files(SOURCES[name])
-        except DataError:
-            missing.append(SOURCES[name].package)
-    return missing
 
 
 def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None, note=print,

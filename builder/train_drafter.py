@@ -2,7 +2,7 @@
 
 A small Llama-family language model of its own (embeddings, decoder layers, KV cache, prefill), about
 the size of the MTP head, trained by distillation on exactly the head's data: the same training-split
-prompts of both tasks with the frozen base's greedy continuations (`train_head.greedy_continuations`).
+prompts of every task with the frozen base's greedy continuations (`train_head.greedy_continuations`).
 The loss is cross-entropy with the base's full next-token distribution (soft targets, temperature 1)
 at every position, so the drafter learns the base's distribution, not only its argmax.
 """
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .corpus import load_corpus, validation_prompts
+from .corpus import HEAD_SOURCES, load_corpus, validation_prompts
 from .model import Llama, LlamaConfig, load_llama, save_llama
 from .tasks import load_tokenizer
 from .train_base import lr_at
@@ -97,13 +97,13 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
     from .train_head import measure_acceptance
 
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
-    corpus = load_corpus()
+    corpus = load_corpus(HEAD_SOURCES)
     drafter, log = train_drafter(base, tok, corpus, cfg)
     out.mkdir(parents=True, exist_ok=True)
     save_llama(drafter, out)
     shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
     ks = range(1, HeadTrainConfig().k + 1)  # the k of the head's table, for a side-by-side comparison
-    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), ks,
+    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts, tasks=tuple(tok.tasks)), ks,
                                            drafter=torch_drafter(drafter))
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log)
@@ -123,9 +123,9 @@ drafter** that Frozen MTP is compared against. Standard Hugging Face layout (`co
 
 | | |
 | --- | --- |
-| parameters | {log['drafter_parameters']:,} (the MTP head in `models/mtp` has 869,632) |
+| parameters | {log['drafter_parameters']:,} (about the MTP head's: see `models/mtp/README.md`) |
 | layers | {c['layers']} decoder layers, width {c['hidden_size']}, MLP {c['intermediate_size']}, {c['heads']} query / {c['kv_heads']} key-value heads, embeddings tied |
-| data | the MTP head's: the same training-split prompts of both tasks with the frozen base's greedy continuations ({log['sequences']:,} sequences) |
+| data | the MTP head's: the same training-split prompts of every task with the frozen base's greedy continuations ({log['sequences']:,} sequences) |
 | loss | cross-entropy with the base's full next-token distribution at every position |
 | training | {c['steps']} steps of {c['batch_size']} sequences, AdamW lr {c['lr']}; {log['data_seconds']} s of data, {log['train_seconds']} s of training on 2 CPU cores |
 | final loss | {log['final_loss']:.3f}; argmax agreement with the base on the base's tokens {log['final_agreement_with_base']:.2f} |

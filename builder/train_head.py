@@ -1,6 +1,6 @@
 """Train the MTP head on the frozen base by self-distillation.
 
-1. Prompts of both tasks from the training split; the base writes its own greedy continuation of each
+1. Prompts of every task from the training split; the base writes its own greedy continuation of each
    (batched by prompt length, so no padding is needed).
 2. For every sequence the frozen base runs once (no gradients) and gives its hidden states and its KV
    cache. Every position t from the last-but-one prompt token on is an anchor, as at decode time: the
@@ -11,7 +11,7 @@
    before it was accepted, i.e. equal to the base's token, so on every chain that counts the two agree.
 3. The base's parameters have requires_grad off and are checked bit-for-bit unchanged at the end.
 
-Data: the built-in corpus (the Python docs) or the user's own text files (`--data`, builder/corpus.py),
+Data: the built-in corpus (corpus.HEAD_SOURCES: eight Debian documentation packages) or the user's own text files (`--data`, builder/corpus.py),
 whose held-back paragraphs give the final tau table. Runs on CUDA when there is one, else the CPU.
 Every `checkpoint_every` steps, and on Ctrl-C, the head, the optimizer and the step are saved in
 HEAD_DIR/checkpoint/ (with the distilled data); a later run with the same settings, base and data
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .corpus import Corpus, load_corpus, load_text_corpus, proofread_pairs, validation_prompts
+from .corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, proofread_pairs, summary_pairs, validation_prompts
 from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
 from .model import Llama, load_llama
 from .mtp import HeadConfig, MTPHead, base_fingerprint, save_head
@@ -58,7 +58,8 @@ class HeadTrainConfig:
 # --- 1. the base's own continuations --------------------------------------------------------------
 
 def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
-    """Prompt ids of both tasks from the training split: continue prefixes of 4-40 tokens, proofread pairs."""
+    """Prompt ids of every task from the training split: continue prefixes of 4-40 tokens, proofread
+    sentences with typos, summarize passages (n of each, or as many as there are)."""
     rng = random.Random(seed)
     prompts = []
     prefix = tok.tasks["continue"]["prefix"]
@@ -69,6 +70,10 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
     pairs = proofread_pairs(corpus.train, seed + 1000)
     for typo, _ in rng.sample(pairs, min(n, len(pairs))):
         prompts.append(encode_prompt(tok, "proofread", typo))
+    if "summarize" in tok.tasks:  # passages of the training sections (none in a user's plain text files)
+        passages = summary_pairs(corpus.train_sections)
+        for passage, _ in rng.sample(passages, min(n, len(passages))):
+            prompts.append(encode_prompt(tok, "summarize", passage))
     return prompts
 
 
@@ -113,13 +118,17 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
     with torch.no_grad():
         _, hidden, cache = base(seqs)
     base_k, base_v = cache[head.config.kv_layer]
-    mask = torch.ones(N, N, dtype=torch.bool, device=seqs.device).tril()  # anchor t reads base positions <= t
+    # anchors before a0 draft no target (their chains end in the prompt): a long prompt (summarize) would
+    # otherwise spend most of the step on them
+    a0 = max(0, int(valid.any(0).nonzero()[0]) - 2) if valid.any() else 0
+    anchors = torch.arange(a0, N, device=seqs.device)
+    mask = torch.arange(N, device=seqs.device)[None] <= anchors[:, None]  # anchor t reads base positions <= t
     embed = base.model.embed_tokens
-    h, chain, total, stats = hidden, [], 0.0, []
-    pad = lambda t, j: F.pad(t[:, j:], (0, j))  # noqa: E731  shift left by j, zero-padded
+    h, chain, total, stats = hidden[:, a0:], [], 0.0, []
+    pad = lambda t, j: F.pad(t[:, j:], (0, j))[:, a0:]  # noqa: E731  shift left by j, zero-padded, from a0
     for j in range(1, k + 1):
-        h = head.step(h, embed(pad(seqs, j)), torch.arange(N, device=seqs.device) + j, base_k, base_v, mask, chain)
-        logits = base.lm_head(h)  # (B, N, V)
+        h = head.step(h, embed(pad(seqs, j)), anchors + j, base_k, base_v, mask, chain)
+        logits = base.lm_head(h)  # (B, N - a0, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
         loss = F.cross_entropy(logits[ok], target[ok]) if ok.any() else logits.sum() * 0
         total = total + loss
@@ -281,17 +290,17 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
     if device == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the distilled targets need not be bit-exact
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
-    corpus = load_text_corpus(data) if data else load_corpus()
+    corpus = load_text_corpus(data) if data else load_corpus(HEAD_SOURCES)
     checkpoint = out / "checkpoint"
     if restart and checkpoint.exists():
         shutil.rmtree(checkpoint)
-    note(f"training a head for {base_dir} on {device}, data: {data or 'the built-in corpus (Python docs)'}")
+    note(f"training a head for {base_dir} on {device}, data: {data or 'the built-in corpus (' + ', '.join(HEAD_SOURCES) + ')'}")
     head, log = train_head(base.to(device), tok, corpus, cfg, checkpoint=checkpoint, note=note)
     base, head = base.cpu(), head.cpu()
     log.update(base=str(base_dir), data=str(data or "built-in corpus"))
     save_head(head, out)
     note(f"measuring tau on {cfg.eval_prompts} held-back prompts per task")
-    prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)))
+    prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)), tasks=tuple(tok.tasks))
     log["acceptance"] = measure_acceptance(base, tok, prompts, range(1, head.config.k_train + 1), head=head)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log, head.config)

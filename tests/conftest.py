@@ -2,6 +2,7 @@
 export, the built site in headless Chromium) and the helpers test modules share."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ BASE_DIR = ROOT / "models" / "base"
 HEAD_DIR = ROOT / "models" / "mtp"
 DRAFTER_DIR = ROOT / "models" / "drafter"
 SHIPPED = Checkpoints(BASE_DIR, HEAD_DIR, DRAFTER_DIR)
+CONTEXT = json.loads((BASE_DIR / "config.json").read_text())["max_position_embeddings"]  # the shipped base's window
 
 torch.set_num_threads(2)
 
@@ -70,10 +72,11 @@ def corpus():
 
 
 @pytest.fixture(scope="session")
-def validation_prompts(corpus):
+def validation_prompts(corpus, tokenizer):
+    """30 per task the shipped base offers: continue [0:30], proofread [30:60], summarize [60:]."""
     from builder.corpus import validation_prompts
 
-    return validation_prompts(corpus, 30)
+    return validation_prompts(corpus, 30, tasks=tuple(tokenizer.tasks))
 
 
 @pytest.fixture(scope="session")

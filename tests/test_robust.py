@@ -17,7 +17,7 @@ import pytest
 from builder.browser import served
 from builder.generate import compare_to_reference, decode_ar
 from builder.tasks import encode_prompt
-from tests.conftest import Page
+from tests.conftest import CONTEXT, Page
 
 # Installed before any page script: counts the WebGPU buffers alive (created, not destroyed) and keeps
 # the devices, so that a test can destroy one as a driver reset would.
@@ -67,7 +67,7 @@ def wasm(browser, url):
     ({"prompt": ""}, "PageError: the prompt is empty"),
     ({"prompt": "  \n\t "}, "PageError: the prompt is empty"),
     ({"prompt": 42}, "PageError: the prompt must be text, got number"),
-    ({"prompt": "word " * 300}, "too long for the context window of 256 tokens: shorten it by at least"),
+    ({"prompt": "word " * (CONTEXT + 40)}, f"too long for the context window of {CONTEXT} tokens: shorten it by at least"),
     ({"prompt": "hi", "k": 0}, "PageError: k must be a whole number from 1 to 6, got 0"),
     ({"prompt": "hi", "k": 7}, "PageError: k must be a whole number from 1 to 6, got 7"),
     ({"prompt": "hi", "k": 2.5}, "PageError: k must be a whole number from 1 to 6, got 2.5"),
@@ -76,7 +76,7 @@ def wasm(browser, url):
     ({"prompt": "hi", "maxNewTokens": 1.5}, "got 1.5"),
     ({"prompt": "hi", "maxNewTokens": "12"}, "got 12"),
     ({"prompt": "hi", "mode": "fast"}, 'PageError: unknown mode "fast": choose ar, mtp or drafter'),
-    ({"prompt": "hi", "task": "summarise"}, 'PageError: unknown task "summarise": choose continue or proofread'),
+    ({"prompt": "hi", "task": "summarise"}, 'PageError: unknown task "summarise": choose continue, proofread or summarize'),
 ])
 def test_bad_input_is_one_clear_message(wasm, options, message):
     assert message in rejection(wasm, options)
@@ -100,7 +100,7 @@ def test_bad_input_on_the_page_is_shown_and_the_page_still_works(wasm):
 
 
 def window_filling_prompt(base, tokenizer, corpus) -> str:
-    """Validation text that leaves 6 tokens of the 256-token window, which the base does not end sooner."""
+    """Validation text that leaves 6 tokens of the window, which the base does not end sooner."""
     ctx, eos = base.config.max_position_embeddings, base.config.eos_token_id
     for start in range(0, 400, 40):
         ids = encode_prompt(tokenizer, "continue", " ".join(corpus.validation[start:start + 40]))[1: ctx - 6]
@@ -119,7 +119,7 @@ def test_the_context_window_and_the_end_of_sequence_stop_cleanly_and_say_so(wasm
         got = wasm.generate(prompt=long, mode=mode, k=4, maxNewTokens=200)
         ref = decode_ar(base, got["promptIds"], 200, eos)
         assert got["ids"] == ref.ids and got["stopped"] == ref.stopped
-        assert got["stopped"] == "context-window" and len(got["promptIds"]) + len(got["ids"]) == 256
+        assert got["stopped"] == "context-window" and len(got["promptIds"]) + len(got["ids"]) == CONTEXT
     proofread = validation_prompts[30]["prompt"]
     got = wasm.generate(prompt=proofread, task="proofread", mode="mtp", k=4, maxNewTokens=120)
     assert got["stopped"] == "end-of-sequence" and got["ids"][-1] == eos

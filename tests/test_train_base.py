@@ -8,7 +8,7 @@ import torch
 from builder.corpus import Corpus
 from builder.model import LlamaConfig, load_llama, save_llama
 from builder.tasks import EOS, TASKS, load_tokenizer
-from builder.train_base import TrainConfig, bits_per_byte, build_stream, lr_at, overlap_f1, train_base, train_tokenizer
+from builder.train_base import TrainConfig, bits_per_byte, build_stream, wsd_lr_at, overlap_f1, train_base, train_tokenizer
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 
@@ -75,8 +75,8 @@ def test_loss_is_taken_only_on_what_the_model_writes(small):
 
 def test_learning_rate_warms_up_holds_and_cools_down():
     cfg = TrainConfig(lr=1.0, warmup=10, cooldown=0.2)
-    assert lr_at(0, 100, cfg) == pytest.approx(0.1) and lr_at(50, 100, cfg) == 1.0
-    assert lr_at(80, 100, cfg) == 1.0 and lr_at(99, 100, cfg) == pytest.approx(0.1 + 0.9 / 20)
+    assert wsd_lr_at(0, 100, cfg) == pytest.approx(0.1) and wsd_lr_at(50, 100, cfg) == 1.0
+    assert wsd_lr_at(80, 100, cfg) == 1.0 and wsd_lr_at(99, 100, cfg) == pytest.approx(0.1 + 0.9 / 20)
 
 
 def test_bits_per_byte_and_overlap(base, tokenizer, corpus):
