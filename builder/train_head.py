@@ -118,9 +118,9 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
     with torch.no_grad():
         _, hidden, cache = base(seqs)
     base_k, base_v = cache[head.config.kv_layer]
-    # anchors before a0 draft no target (their chains end in the prompt): a long prompt (summarize) would
-    # otherwise spend most of the step on them
-    a0 = max(0, int(valid.any(0).nonzero()[0]) - 2) if valid.any() else 0
+    # anchors before a0 draft no target (their whole chain lies in the prompt): a long prompt (summarize)
+    # would otherwise spend most of the step on them
+    a0 = max(0, int(valid.any(0).nonzero()[0]) - k - 1) if valid.any() else 0
     anchors = torch.arange(a0, N, device=seqs.device)
     mask = torch.arange(N, device=seqs.device)[None] <= anchors[:, None]  # anchor t reads base positions <= t
     embed = base.model.embed_tokens
