@@ -110,9 +110,9 @@ def build_parser() -> Parser:
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--data", type=Path, help="your own training text: a UTF-8 file, or a directory of .txt/.md/.rst "
                                              "files (paragraphs between blank lines; 1 in 20 held back for the tau "
-                                             "report). Default: the built-in corpus (the Python docs)")
+                                             "report). Default: the built-in corpus (eight Debian documentation packages: corpus.HEAD_SOURCES)")
     h.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
-    h.add_argument("--prompts-per-task", type=positive_int, help="self-distillation prompts per task (default 6000)")
+    h.add_argument("--prompts-per-task", type=positive_int, help="self-distillation prompts per task (default 4000)")
     h.add_argument("--batch-size", type=positive_int, help="sequences per step (default 16)")
     h.add_argument("--eval-prompts", type=positive_int, help="held-back prompts per task for the tau report (default 60)")
     h.add_argument("--checkpoint-every", type=positive_int,

@@ -23,7 +23,8 @@ from .corpus import HEAD_SOURCES, load_corpus, validation_prompts
 from .model import Llama, LlamaConfig, load_llama, save_llama
 from .tasks import load_tokenizer
 from .train_base import lr_at
-from .train_head import HeadTrainConfig, greedy_continuations, make_batches, training_prompts
+from .mtp import base_fingerprint
+from .train_head import HeadTrainConfig, distilled, make_batches, training_prompts
 
 
 @dataclass
@@ -54,7 +55,7 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig):
     t0 = time.time()
     data_cfg = HeadTrainConfig(seed=cfg.seed)  # the head's data, to the prompt
     prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
-    data = greedy_continuations(base, prompts, data_cfg.new_tokens, base.config.eos_token_id)
+    data = distilled(base, base_fingerprint(base), prompts, data_cfg.new_tokens)
     data_seconds = time.time() - t0
 
     drafter = Llama(drafter_config(base.config, cfg))
