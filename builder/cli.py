@@ -85,6 +85,8 @@ def build_parser() -> Parser:
     t.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's, one per core)")
     t.add_argument("--sources", help="comma-separated corpus packages (default: all of builder/corpus.py's SOURCES)")
     t.add_argument("--restart", action="store_true", help="discard the run saved in --run-dir and start over")
+    t.add_argument("--against", help="another base measured on the same validation text, for the model card "
+                                     "(default: models/base, when --base writes elsewhere)")
     t.add_argument("--seed", type=int, default=0)
 
     b = sub.add_parser("build", help="export the models to ONNX and render the static site")
@@ -260,7 +262,13 @@ def cmd_train_base(args) -> None:
     run_dir = Path(args.run_dir)
     if args.restart:
         shutil.rmtree(run_dir, ignore_errors=True)
-    log = train_and_report(Path(args.base), cfg, run_dir, device=args.device, note=lambda msg: sys.stderr.write(msg + "\n"))
+    against = Path(args.against or "models/base")
+    if against.resolve() == Path(args.base).resolve() or not (against / "config.json").is_file():
+        if args.against:
+            raise PromptError(f"--against {args.against}: not another base checkpoint directory")
+        against = None
+    log = train_and_report(Path(args.base), cfg, run_dir, device=args.device, against=against,
+                           note=lambda msg: sys.stderr.write(msg + "\n"))
     v = log["validation"]
     print(f"wrote {args.base}: {v['bits_per_byte']:.3f} bits per byte on validation text, proofread exact-fix "
           f"{v['proofread_exact_fix']:.1%}, summarize word overlap {v['summarize_overlap_f1']:.3f}")

@@ -354,46 +354,66 @@ def overlap_f1(got: str, expected: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200, n_summarize: int = 200) -> dict:
+def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200, n_summarize: int = 200,
+             against: Path | None = None) -> dict:
     """Bits per byte on validation text (the whole validation split, and the Python docs' validation
     text that the first base was measured on), proofread exact-fix, summarize exact-match and word
-    overlap, and unedited samples."""
+    overlap, and unedited samples; with `against` (another base, e.g. the one shipped before), its
+    scores on the same text, sentences and passages."""
     from .corpus import PYTHON, validation_prompts
-    from .generate import decode_ar
-    from .model import load_llama
-    from .tasks import decode, encode_prompt, load_tokenizer
+    from .tasks import encode_prompt, load_tokenizer
 
-    model, tok = load_llama(out), load_tokenizer(out)
-    eos = model.config.eos_token_id
+    tok = load_tokenizer(out)
     validation = set(corpus.validation)
     python_validation = [p for p in load_corpus(PYTHON).validation if p in validation]
 
     def fits(task: str, text: str) -> bool:  # room for an answer in the context window
         return len(encode_prompt(tok, task, text)) + 16 <= cfg.block_size
 
+    proofread = [(t, c) for t, c in proofread_pairs(corpus.validation, cfg.seed + 1) if fits("proofread", t)][:n_proofread]
+    passages = [(p, t) for p, t in summary_pairs(corpus.validation_sections) if fits("summarize", p)][:n_summarize]
+    samples = [p for p in validation_prompts(corpus, 3, seed=cfg.seed + 2, tasks=tuple(tok.tasks)) if fits(p["task"], p["prompt"])]
+    texts = {"bits_per_byte": corpus.validation, "bits_per_byte_python_validation": python_validation}
+    v = {**scores(out, texts, proofread, passages, samples), "python_validation_paragraphs": len(python_validation)}
+    if against is not None:
+        v["against"] = {"base": str(against), **scores(against, texts, proofread, passages, [])}
+    return v
+
+
+def scores(directory: Path, texts: dict[str, list[str]], proofread, passages, samples) -> dict:
+    """One base's measures on the given validation text, proofread pairs and summarize passages (a prompt
+    longer than its context window counts as a failure; summarize only if its tokenizer offers it)."""
+    from .generate import decode_ar
+    from .model import load_llama
+    from .tasks import decode, encode_prompt, load_tokenizer
+
+    model, tok = load_llama(directory), load_tokenizer(directory)
+    eos, ctx = model.config.eos_token_id, model.config.max_position_embeddings
+
     def answer(task: str, text: str, most: int = 64) -> str:
         prompt = encode_prompt(tok, task, text)
-        return decode(tok, decode_ar(model, prompt, min(most, cfg.block_size - len(prompt)), eos).ids).strip()
+        if len(prompt) >= ctx:
+            return ""
+        return decode(tok, decode_ar(model, prompt, min(most, ctx - len(prompt)), eos).ids).strip()
 
-    proofread = [(t, c) for t, c in proofread_pairs(corpus.validation, cfg.seed + 1) if fits("proofread", t)][:n_proofread]
-    fixed = sum(answer("proofread", typo) == correct for typo, correct in proofread)
-    passages = [(p, t) for p, t in summary_pairs(corpus.validation_sections) if fits("summarize", p)][:n_summarize]
-    summaries = [(answer("summarize", passage), title) for passage, title in passages]
-    samples = [{**p, "output": answer(p["task"], p["prompt"], 48)}
-               for p in validation_prompts(corpus, 3, seed=cfg.seed + 2, tasks=tuple(tok.tasks)) if fits(p["task"], p["prompt"])]
-    return {"bits_per_byte": bits_per_byte(model, tok, corpus.validation),
-            "bits_per_byte_python_validation": bits_per_byte(model, tok, python_validation),
-            "python_validation_paragraphs": len(python_validation),
-            "proofread_exact_fix": fixed / max(1, len(proofread)), "proofread_evaluated": len(proofread),
-            "summarize_exact": sum(g == t for g, t in summaries) / max(1, len(summaries)),
-            "summarize_overlap_f1": sum(overlap_f1(g, t) for g, t in summaries) / max(1, len(summaries)),
-            "summarize_evaluated": len(summaries), "samples": samples}
+    v = {name: bits_per_byte(model, tok, paragraphs) for name, paragraphs in texts.items()}
+    v |= {"proofread_exact_fix": sum(answer("proofread", typo) == correct for typo, correct in proofread) / max(1, len(proofread)),
+          "proofread_evaluated": len(proofread)}
+    if "summarize" in tok.tasks:
+        summaries = [(answer("summarize", passage), title) for passage, title in passages]
+        v |= {"summarize_exact": sum(g == t for g, t in summaries) / max(1, len(summaries)),
+              "summarize_overlap_f1": sum(overlap_f1(g, t) for g, t in summaries) / max(1, len(summaries)),
+              "summarize_evaluated": len(summaries)}
+    v["samples"] = [{**p, "output": answer(p["task"], p["prompt"], 48)} for p in samples]
+    return v
 
 
 def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None, note=print,
-                     model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None, n_eval: int = 200) -> dict:
-    """What `train-base` does: train (or resume) in run_dir, save to out, evaluate on validation, write the card.
-    model_cfg, corpus and n_eval (validation prompts per task) make small runs for tests."""
+                     model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None, n_eval: int = 200,
+                     against: Path | None = None) -> dict:
+    """What `train-base` does: train (or resume) in run_dir, save to out, evaluate on validation (and
+    `against`, another base, on the same text), write the card. model_cfg, corpus and n_eval (validation
+    prompts per task) make small runs for tests."""
     unknown = [s for s in cfg.sources if s not in SOURCES]
     if unknown:
         raise DataError(f"unknown corpus source {unknown[0]!r}: choose from {', '.join(SOURCES)}")
@@ -406,10 +426,29 @@ def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | N
     tok.save(str(out / "tokenizer.json"))
     sections = [(h, paras) for h, paras in json.loads((run_dir / "validation.json").read_text())]
     validation = Corpus([], [p for _, paras in sections for p in paras], (0, 0), validation_sections=sections)
-    log["validation"] = evaluate(out, validation, cfg, n_eval, n_eval)
+    note("evaluating on the validation text" + (f" (and {against}, to compare)" if against else ""))
+    log["validation"] = evaluate(out, validation, cfg, n_eval, n_eval, against)
     (out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False) + "\n")
     write_card(out, log)
     return log
+
+
+def validation_table(v: dict) -> str:
+    """The card's validation table: this base, and the base it was compared with when there is one."""
+    other = v.get("against")
+    rows = [("bits per byte, all validation text", "bits_per_byte", "{:.3f}"),
+            (f"bits per byte, the Python docs' validation text ({v['python_validation_paragraphs']} paragraphs)",
+             "bits_per_byte_python_validation", "{:.3f}"),
+            (f"proofread exact-fix rate: greedy output equals the correct sentence ({v['proofread_evaluated']} validation sentences)",
+             "proofread_exact_fix", "{:.1%}"),
+            (f"summarize exact match with the heading ({v.get('summarize_evaluated', 0)} validation passages)", "summarize_exact", "{:.1%}"),
+            ("summarize word-overlap F1 with the heading", "summarize_overlap_f1", "{:.3f}")]
+    head = "| measure | this base |" + (f" `{other['base']}` |" if other else "")
+    lines = [head, "| --- | --- |" + (" --- |" if other else "")]
+    for label, key, fmt in rows:
+        cells = [fmt.format(x[key]) if key in x else "(no such task)" for x in [v] + ([other] if other else [])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def write_card(out: Path, log: dict) -> None:
@@ -470,12 +509,7 @@ peak learning rate {t['lr']} (warmup, constant, linear decay over the last {t['c
 
 ## Validation
 
-| measure | value |
-| --- | --- |
-| bits per byte, all validation text | {v['bits_per_byte']:.3f} |
-| bits per byte, the Python docs' validation text ({v['python_validation_paragraphs']} paragraphs) | {v['bits_per_byte_python_validation']:.3f} |
-| proofread exact-fix rate (greedy output equals the correct sentence) | {v['proofread_exact_fix']:.1%} of {v['proofread_evaluated']} validation sentences |
-| summarize: exact match / word-overlap F1 with the heading | {v['summarize_exact']:.1%} / {v['summarize_overlap_f1']:.3f} ({v['summarize_evaluated']} validation passages) |
+{validation_table(v)}
 
 ## Samples (greedy, unedited, validation prompts)
 

@@ -108,3 +108,21 @@ def test_train_and_report_writes_a_checkpoint_with_its_card(tmp_path, small):
     card = (out / "README.md").read_text()
     assert "bits per byte" in card and "summarize" in card and "python3.11-doc" in card
     assert load_tokenizer(out).tasks.keys() == TASKS.keys()
+
+
+def test_the_card_compares_with_another_base_on_the_same_text(tmp_path, small):
+    """--against: the base shipped before (here: the shipped one, whose tokenizer has no summarize task)
+    is measured on the same validation text and sentences, and the card shows both."""
+    from builder.train_base import train_and_report
+    from tests.conftest import BASE_DIR
+
+    out = tmp_path / "base"
+    log = train_and_report(out, tiny_cfg(block_size=64), tmp_path / "run", note=lambda m: None,
+                           model_cfg=LlamaConfig(**TINY), corpus=small, n_eval=3, against=BASE_DIR)
+    v, other = log["validation"], log["validation"]["against"]
+    assert other["base"] == str(BASE_DIR) and other["proofread_evaluated"] == v["proofread_evaluated"] == 3
+    assert 0 < other["bits_per_byte"] < v["bits_per_byte"], "the shipped base models this text better than a tiny one"
+    card = (out / "README.md").read_text()
+    assert f"`{BASE_DIR}`" in card and f"{other['bits_per_byte']:.3f}" in card
+    if "summarize_exact" not in other:
+        assert "(no such task)" in card
