@@ -286,6 +286,8 @@ def cmd_train_head(args) -> None:
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))
+    if "acceptance" not in log:
+        return  # a torchrun process other than rank 0: rank 0 reports
     print(f"wrote {args.head} ({log['train_seconds']} s of training on {log['device']}, "
           f"{log['trained_tokens'] / 1e6:.3g} M tokens); tau on held-back text:")
     for row in log["acceptance"].values():

@@ -126,8 +126,11 @@ def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_token
 
 # --- 2. training ---------------------------------------------------------------------------------
 
-def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int):
-    """Mean cross-entropy over the k draft positions of every anchor.
+def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
+               counts: list[int] | None = None):
+    """Cross-entropy over the k draft positions of every anchor: at each draft position, the sum over
+    anchors divided by counts[j - 1] (default: the targets counted here, i.e. the mean), averaged over
+    positions. With the counts of a whole batch, the losses of its parts add up to the batch's loss.
 
     seqs (B, N) token ids; valid (B, N) True where the token is one the base wrote (a target).
     Returns the loss and, per draft position, (correct, counted) for accuracy.
@@ -148,15 +151,17 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
         h = head.step(h, embed(pad(seqs, j)), anchors + j, base_k, base_v, mask, chain)
         logits = base.lm_head(h)  # (B, N - a0, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
-        loss = F.cross_entropy(logits[ok], target[ok]) if ok.any() else logits.sum() * 0
+        count = counts[j - 1] if counts else int(ok.sum())
+        loss = F.cross_entropy(logits[ok], target[ok], reduction="sum") / max(1, count) if ok.any() else logits.sum() * 0
         total = total + loss
         stats.append((int((logits[ok].argmax(-1) == target[ok]).sum()), int(ok.sum())))
     return total / k, stats
 
 
 def make_batches(data, batch: int, rng: random.Random):
-    """Endless batches of similar length, right-padded (causal attention ignores the padding)."""
-    data = sorted(data, key=lambda d: len(d[1]))
+    """Endless batches of similar length, right-padded (causal attention ignores the padding). The order
+    depends on the data's content only, not on the order it came in (distilled by one process or several)."""
+    data = sorted(data, key=lambda d: (len(d[1]), d[1], d[0]))
     groups = [data[i:i + batch] for i in range(0, len(data), batch)]
     while True:
         rng.shuffle(groups)
@@ -170,12 +175,63 @@ def make_batches(data, batch: int, rng: random.Random):
             yield seqs, valid
 
 
+class Objective(torch.nn.Module):
+    """The head's training loss as a module, what DistributedDataParallel wraps. The frozen base is an
+    argument, not a submodule: DDP neither broadcasts nor reduces it."""
+
+    def __init__(self, head: MTPHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, base: Llama, seqs, valid, k: int, counts: list[int]):
+        return chain_loss(self.head, base, seqs, valid, k, counts)
+
+
+def processes() -> tuple[int, int]:
+    """(rank, world size): (0, 1) alone, else what torchrun set up (see join_processes)."""
+    import torch.distributed as dist
+
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def join_processes(device: str) -> str:
+    """Under torchrun (WORLD_SIZE in the environment) joins the process group: NCCL on GPUs, one per
+    process (LOCAL_RANK), gloo on CPUs. Returns the device this process trains on."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return device
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+        return f"cuda:{torch.cuda.current_device()}"
+    dist.init_process_group("gloo")
+    return device
+
+
+def distil_together(base: Llama, prompts: list[list[int]], new_tokens: int) -> list:
+    """Under torchrun: each process distils every world-th prompt, and every process gets all of it."""
+    import torch.distributed as dist
+
+    rank, world = processes()
+    parts = [None] * world
+    dist.all_gather_object(parts, greedy_continuations(base, prompts[rank::world], new_tokens, base.config.eos_token_id))
+    return [d for part in parts for d in part]
+
+
 def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None,
                checkpoint: Path | None = None, note=print):
     """Trains a head on the frozen base (on the base's device). With a checkpoint directory, saves
     there every cfg.checkpoint_every steps and on Ctrl-C, and resumes from it when it holds a run
-    with the same settings, base and data."""
+    with the same settings, base and data.
+
+    Under torchrun every process takes its share of each batch (rows rank, rank + world, ..) and DDP
+    sums the gradients, so N processes train what one process does with the same batch size; rank 0
+    writes the checkpoints (a resumed run reads them on every process: one machine or a shared disk)."""
     torch.manual_seed(cfg.seed)
+    rank, world = processes()
     for p in base.parameters():
         p.requires_grad_(False)
     before = base_fingerprint(base)
@@ -185,7 +241,12 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     key = {"config": asdict(cfg), "base": before,
            "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}  # what a resumed run must share
     saved = resumable(checkpoint, key, note)
-    data = saved["data"] if saved else distilled(base, before, prompts, cfg.new_tokens, note)
+    if saved:
+        data = saved["data"]
+    elif world > 1:
+        data = distil_together(base, prompts, cfg.new_tokens)
+    else:
+        data = distilled(base, before, prompts, cfg.new_tokens, note)
     data_seconds = time.time() - t0
 
     head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k))
@@ -195,6 +256,9 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     head.to(device)
+    model = Objective(head)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
     first, recent = 0, []
@@ -206,20 +270,27 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
             next(batches)
 
     def save(steps: int) -> None:
-        if checkpoint:
+        if checkpoint and rank == 0:
             save_checkpoint(checkpoint, key, data, head, opt, steps, recent)
 
     head.train()
-    bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps)
+    bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps, disable=rank > 0)
     done = first  # steps whose update the weights hold
     try:
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            seqs, valid = (t.to(device) for t in next(batches))
-            loss, stats = chain_loss(head, base, seqs, valid, cfg.k)
+            seqs, valid = next(batches)
+            counts = [int(valid[:, j + 1:].sum()) for j in range(1, cfg.k + 1)]  # the whole batch's targets
+            seqs, valid = (t[rank::world].to(device) for t in (seqs, valid))  # this process's share
+            loss, stats = model(base, seqs, valid, cfg.k, counts)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * world).backward()  # DDP averages the processes' gradients: times world, they add up
+            if world > 1:
+                import torch.distributed as dist
+
+                loss = loss.detach()
+                dist.all_reduce(loss)  # the batch's loss, for the progress bar
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
             done, recent = step + 1, (recent + [(loss.item(), stats)])[-50:]
@@ -230,7 +301,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                 save(done)
     except KeyboardInterrupt:
         bar.close()
-        if checkpoint:
+        if checkpoint and rank == 0:
             save(done)
             note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
         raise
@@ -303,16 +374,27 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
                      device: str | None = None, restart: bool = False, note=print) -> dict:
     """What `train-head` does: distil, train, check the base, save, measure, write the model card.
     data: the user's text files (default: the built-in corpus); device: "cuda" when available, else "cpu"."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda":
+    device = join_processes(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, world = processes()
+    if device.startswith("cuda"):
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the distilled targets need not be bit-exact
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
     corpus = load_text_corpus(data) if data else load_corpus(HEAD_SOURCES)
     checkpoint = out / "checkpoint"
     if restart and checkpoint.exists():
         shutil.rmtree(checkpoint)
-    note(f"training a head for {base_dir} on {device}, data: {data or 'the built-in corpus (' + ', '.join(HEAD_SOURCES) + ')'}")
+    if rank > 0:
+        note = lambda msg: None  # noqa: E731  rank 0 speaks for all
+    note(f"training a head for {base_dir} on {device}" + (f" x {world} processes" if world > 1 else "")
+         + f", data: {data or 'the built-in corpus (' + ', '.join(HEAD_SOURCES) + ')'}")
     head, log = train_head(base.to(device), tok, corpus, cfg, checkpoint=checkpoint, note=note)
+    log["processes"] = world
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        if rank > 0:
+            return log  # rank 0 saves the head, measures it and writes the card
     base, head = base.cpu(), head.cpu()
     log.update(base=str(base_dir), data=str(data or "built-in corpus"))
     save_head(head, out)
