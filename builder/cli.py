@@ -345,6 +345,10 @@ COMMANDS = {"generate": cmd_generate, "build": cmd_build, "serve": cmd_serve, "t
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command.startswith("train-"):  # a kill or a closing session saves the run as Ctrl-C does
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         COMMANDS[args.command](args)
     except (CheckpointError, PromptError, DataError, SiteError, BrowserError) as e:

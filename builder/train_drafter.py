@@ -8,6 +8,7 @@ at every position, so the drafter learns the base's distribution, not only its a
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -24,7 +25,7 @@ from .model import Llama, LlamaConfig, load_llama, save_llama
 from .tasks import load_tokenizer
 from .train_base import lr_at
 from .mtp import base_fingerprint
-from .train_head import HeadTrainConfig, distilled, make_batches, training_prompts
+from .train_head import HeadTrainConfig, distilled, make_batches, resumable, save_checkpoint, training_prompts
 
 
 @dataclass
@@ -40,6 +41,7 @@ class DrafterTrainConfig:
     lr: float = 3e-3
     warmup: int = 100
     eval_prompts: int = 60        # validation prompts per task for the tau table
+    checkpoint_every: int = 200   # steps between checkpoints (in DRAFTER/checkpoint/, also on Ctrl-C)
 
 
 def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
@@ -50,43 +52,64 @@ def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
                        bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
 
 
-def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig):
+def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, checkpoint: Path | None = None, note=print):
+    """Distils and trains; with a checkpoint directory, saves there every cfg.checkpoint_every steps and
+    on Ctrl-C, and resumes from it (to the weights of an uninterrupted run) when it holds this run."""
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     data_cfg = HeadTrainConfig(seed=cfg.seed)  # the head's data, to the prompt
     prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
-    data = distilled(base, base_fingerprint(base), prompts, data_cfg.new_tokens)
+    fingerprint = base_fingerprint(base)
+    key = {"config": asdict(cfg), "base": fingerprint, "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}
+    saved = resumable(checkpoint, key, note)
+    data = saved["data"] if saved else distilled(base, fingerprint, prompts, data_cfg.new_tokens, note)
     data_seconds = time.time() - t0
 
     drafter = Llama(drafter_config(base.config, cfg))
     drafter.init_weights(cfg.seed)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
+    first, recent = 0, []
+    if saved:
+        drafter.load_state_dict(saved["weights"])
+        opt.load_state_dict(saved["opt"])
+        first, recent = saved["step"], saved["recent"]
+        for _ in range(first):  # the same batches as an uninterrupted run from here on
+            next(batches)
     drafter.train()
-    bar = tqdm(range(cfg.steps), desc="train-drafter", unit="step")
-    recent = []
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        seqs, valid = next(batches)
-        real = seqs != 0
-        real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
-        with torch.no_grad():
-            target = F.softmax(base(seqs)[0], dim=-1)  # (B, N, V) the base's next-token distribution
-        logits = drafter(seqs)[0]
-        loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1)[real].mean()
-        agree = (logits.argmax(-1) == target.argmax(-1))[valid].float().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        recent = (recent + [(loss.item(), agree.item())])[-50:]
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}",
-                            agree=f"{sum(a for _, a in recent) / len(recent):.2f}")
+    bar = tqdm(range(first, cfg.steps), desc="train-drafter", unit="step", initial=first, total=cfg.steps)
+    done = first  # steps whose update the weights hold
+    try:
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            seqs, valid = next(batches)
+            real = seqs != 0
+            real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
+            with torch.no_grad():
+                target = F.softmax(base(seqs)[0], dim=-1)  # (B, N, V) the base's next-token distribution
+            logits = drafter(seqs)[0]
+            loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1)[real].mean()
+            agree = (logits.argmax(-1) == target.argmax(-1))[valid].float().mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            opt.step()
+            done, recent = step + 1, (recent + [(loss.item(), agree.item())])[-50:]
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}",
+                                agree=f"{sum(a for _, a in recent) / len(recent):.2f}")
+            if checkpoint and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                save_checkpoint(checkpoint, key, data, drafter, opt, done, recent)
+    except KeyboardInterrupt:
+        bar.close()
+        if checkpoint:
+            save_checkpoint(checkpoint, key, data, drafter, opt, done, recent)
+            note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
+        raise
     drafter.eval()
     return drafter, {"train_config": asdict(cfg), "data_seconds": round(data_seconds),
-                     "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data),
+                     "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data), "resumed_at_step": first,
                      "final_loss": sum(l for l, _ in recent) / len(recent),
                      "final_agreement_with_base": sum(a for _, a in recent) / len(recent),
                      "drafter_parameters": sum(p.numel() for p in drafter.parameters())}
@@ -99,7 +122,8 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
 
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
     corpus = load_corpus(HEAD_SOURCES)
-    drafter, log = train_drafter(base, tok, corpus, cfg)
+    checkpoint = out / "checkpoint"
+    drafter, log = train_drafter(base, tok, corpus, cfg, checkpoint=checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     save_llama(drafter, out)
     shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
@@ -108,6 +132,7 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
                                            drafter=torch_drafter(drafter))
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log)
+    shutil.rmtree(checkpoint, ignore_errors=True)  # the drafter is saved: nothing left to resume
     return log
 
 

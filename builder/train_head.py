@@ -263,7 +263,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
     first, recent = 0, []
     if saved:
-        head.load_state_dict(saved["head"])
+        head.load_state_dict(saved["weights"])
         opt.load_state_dict(saved["opt"])
         first, recent = saved["step"], saved["recent"]
         for _ in range(first):  # the same batches as an uninterrupted run from here on
@@ -320,10 +320,11 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                   "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
 
 
-def save_checkpoint(directory: Path, key: dict, data, head: MTPHead, opt, step: int, recent) -> None:
+def save_checkpoint(directory: Path, key: dict, data, model: torch.nn.Module, opt, step: int, recent) -> None:
+    """The run after `step` steps (train-head and train-drafter): settings key, data, weights, optimizer."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / "state.pt.tmp"
-    torch.save({"key": key, "step": step, "recent": recent, "data": data, "head": head.state_dict(),
+    torch.save({"key": key, "step": step, "recent": recent, "data": data, "weights": model.state_dict(),
                 "opt": opt.state_dict()}, tmp)
     tmp.replace(directory / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
 
