@@ -42,6 +42,8 @@ class DrafterTrainConfig:
     warmup: int = 100
     eval_prompts: int = 60        # validation prompts per task for the tau table
     checkpoint_every: int = 200   # steps between checkpoints (in DRAFTER/checkpoint/, also on Ctrl-C)
+    prompts_per_task: int = HeadTrainConfig.prompts_per_task  # the head's data (smaller in tests)
+    new_tokens: int = HeadTrainConfig.new_tokens
 
 
 def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
@@ -57,7 +59,7 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, checkpoint:
     on Ctrl-C, and resumes from it (to the weights of an uninterrupted run) when it holds this run."""
     torch.manual_seed(cfg.seed)
     t0 = time.time()
-    data_cfg = HeadTrainConfig(seed=cfg.seed)  # the head's data, to the prompt
+    data_cfg = HeadTrainConfig(seed=cfg.seed, prompts_per_task=cfg.prompts_per_task, new_tokens=cfg.new_tokens)  # the head's data
     prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
     fingerprint = base_fingerprint(base)
     key = {"config": asdict(cfg), "base": fingerprint, "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}

@@ -50,6 +50,14 @@ def check_steps(accepted: list[int], n_ids: int, stopped: str):
         assert sum(decided) == n_ids, f"stopped at {stopped}: {n_ids} tokens from steps deciding {decided}"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def distill_cache(tmp_path_factory):
+    """Head and drafter training in tests keep the base's continuations in a temporary folder, not build/."""
+    import builder.train_head
+
+    builder.train_head.DISTILL_CACHE = tmp_path_factory.mktemp("distill")
+
+
 @pytest.fixture(scope="session")
 def base():
     from builder.model import load_llama

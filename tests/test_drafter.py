@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from builder.drafter import load_drafter, torch_drafter
 from builder.generate import TorchBackend, compare_to_reference, decode, decode_ar
@@ -92,3 +93,36 @@ def test_a_drafter_with_another_vocabulary_is_refused(tmp_path):
     expect_error(r, "vocab_size", "cannot draft for this base")
     with pytest.raises(CheckpointError):
         load_drafter(tmp_path / "drafter", Llama(LlamaConfig()))
+
+
+def test_interrupted_drafter_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch):
+    """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
+    uninterrupted run (the drafter trains on the head's data: the base's continuations of the same prompts)."""
+    import builder.train_drafter as td
+    from builder.train_drafter import DrafterTrainConfig, train_drafter
+    from tests.test_mtp import tiny_setup
+
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    cfg = DrafterTrainConfig(hidden_size=32, intermediate_size=64, heads=4, kv_heads=2, batch_size=4, steps=8,
+                             checkpoint_every=3, prompts_per_task=8, new_tokens=8)
+    straight, log = train_drafter(tiny, tok, small, cfg)
+    assert log["sequences"] == 16 and log["resumed_at_step"] == 0
+
+    calls, real_lr = [], td.lr_at
+
+    def interrupt_at_fifth_step(*args):  # lr_at runs once at the start of every step
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_lr(*args)
+
+    notes = []
+    monkeypatch.setattr(td, "lr_at", interrupt_at_fifth_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(tiny, tok, small, cfg, checkpoint=tmp_path / "ckpt", note=notes.append)
+    monkeypatch.setattr(td, "lr_at", real_lr)
+    assert "saved the run after step 4" in notes[-1]
+    resumed, log = train_drafter(tiny, tok, small, cfg, checkpoint=tmp_path / "ckpt", note=notes.append)
+    assert log["resumed_at_step"] == 4
+    for name, t in straight.state_dict().items():
+        assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"
