@@ -97,6 +97,65 @@ def onnx_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Checkpoints:
+    """A tiny random base with the shipped tokenizer (2 layers x 64, the shipped context window), a random
+    head and a random drafter for it: the page's mechanics (zero-copy, faults, long sessions on WebGPU) in
+    seconds of SwiftShader, where the shipped 24-layer base takes about a second a pass. Embeddings of
+    unit scale keep its logits far apart, so its greedy output is stable across float paths and is
+    checked against the torch reference like the shipped model's."""
+    from builder.model import Llama, LlamaConfig, load_config, save_llama
+    from builder.mtp import HeadConfig, MTPHead, base_fingerprint, save_head
+
+    root = tmp_path_factory.mktemp("tiny")
+    shipped = load_config(BASE_DIR)
+    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 vocab_size=shipped["vocab_size"], max_position_embeddings=shipped["max_position_embeddings"],
+                 eos_token_id=shipped["eos_token_id"], tie_word_embeddings=True)
+    for name, layers in (("base", 2), ("drafter", 1)):
+        model = Llama(LlamaConfig(num_hidden_layers=layers, **small))
+        model.init_weights(seed=layers)
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(50)  # unit scale: logits of about +-8
+        save_llama(model, root / name)
+        shutil.copyfile(BASE_DIR / "tokenizer.json", root / name / "tokenizer.json")
+        if name == "base":
+            base = model
+    head = MTPHead(HeadConfig.for_base(base.config, k_train=6))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    head.config.base_fingerprint = base_fingerprint(base)
+    save_head(head, root / "mtp")
+    return Checkpoints(root / "base", root / "mtp", root / "drafter")
+
+
+@pytest.fixture(scope="session")
+def tiny_site(tiny, tmp_path_factory):
+    from builder.site import build
+
+    out = tmp_path_factory.mktemp("tiny-site")
+    build(tiny, out, tmp_path_factory.mktemp("tiny-onnx"), note=lambda msg: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_url(tiny_site):
+    from builder.browser import served
+
+    with served(tiny_site) as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tiny):
+    from builder.model import load_llama
+
+    return load_llama(tiny.base)
+
+
 # ---------------------------------------------------------------- the built site in headless Chromium
 
 @pytest.fixture(scope="session")

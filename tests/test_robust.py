@@ -6,6 +6,7 @@
 - a missing model file is named, a lost GPU device makes the page fall back to WASM, Stop ends a decode
   at the next step, two Generate calls never overlap;
 - 40 generations in a row leak neither GPU buffers, GPU tensors nor JS heap, and stay exact;
+  (the faults, the long session and the CSP run on conftest's tiny random model: mechanics, not the model)
 - the page fetches nothing from elsewhere, and its Content-Security-Policy refuses to.
 """
 from __future__ import annotations
@@ -234,8 +235,8 @@ def copy_without(site, tmp_path, *names):
     return out
 
 
-def test_a_missing_model_file_is_named(browser, site, tmp_path):
-    broken = copy_without(site, tmp_path, "head_k4.onnx")
+def test_a_missing_model_file_is_named(browser, tiny_site, tmp_path):
+    broken = copy_without(tiny_site, tmp_path, "head_k4.onnx")
     with served(broken) as url:
         context = browser.new_context()
         page = context.new_page()
@@ -247,8 +248,8 @@ def test_a_missing_model_file_is_named(browser, site, tmp_path):
         context.close()
 
 
-def test_a_missing_graph_needed_later_fails_that_generation_only(browser, site, tmp_path):
-    broken = copy_without(site, tmp_path, "drafter.onnx")
+def test_a_missing_graph_needed_later_fails_that_generation_only(browser, tiny_site, tmp_path):
+    broken = copy_without(tiny_site, tmp_path, "drafter.onnx")
     with served(broken) as url:
         p = Page(browser, url, "?backend=wasm")
         try:
@@ -259,8 +260,9 @@ def test_a_missing_graph_needed_later_fails_that_generation_only(browser, site, 
             p.close()
 
 
-def test_a_lost_gpu_device_is_reported_and_the_page_falls_back_to_wasm(browser, url, base):
-    p = Page(browser, url, "?backend=webgpu", init_script=GPU_HOOK)
+def test_a_lost_gpu_device_is_reported_and_the_page_falls_back_to_wasm(browser, tiny_url, tiny_base):
+    base = tiny_base
+    p = Page(browser, tiny_url, "?backend=webgpu", init_script=GPU_HOOK)
     try:
         assert p.info["backend"] == "webgpu"
         message = p.page.evaluate("""async () => {
@@ -285,13 +287,15 @@ def test_a_lost_gpu_device_is_reported_and_the_page_falls_back_to_wasm(browser, 
 LONG_SESSION = 40
 
 
-def test_forty_generations_leak_nothing_and_stay_exact(browser, url, base):
+def test_forty_generations_leak_nothing_and_stay_exact(browser, tiny_url, tiny_base):
     """MTP (k=4: the head graph the page opens at load) and plain mixed, every fifth stopped after its second
     step, on WebGPU: the GPU tensors the page holds return to none after every generation; the live WebGPU
     buffers and the JS heap stop growing once every prompt and mode has been seen (onnxruntime-web's buffer
     cache and V8's code warm up). A graph opened later adds its session's buffers once, so the plan keeps
-    to the graphs the page opens at load."""
-    p = Page(browser, url, "?backend=webgpu", init_script=GPU_HOOK)
+    to the graphs the page opens at load. On the tiny random model: the shipped base would take minutes of
+    SwiftShader for what this checks."""
+    base = tiny_base
+    p = Page(browser, tiny_url, "?backend=webgpu", init_script=GPU_HOOK)
     cdp = p.context.new_cdp_session(p.page)
 
     def heap() -> int:
@@ -340,8 +344,8 @@ def test_forty_generations_leak_nothing_and_stay_exact(browser, url, base):
     assert last["heap"] <= first["heap"] + 1024 * 1024 and last["heap"] <= tenth["heap"] * 1.05, "the JS heap grows"
 
 
-def test_the_page_fetches_nothing_from_elsewhere_and_its_csp_refuses_to(browser, url):
-    p = Page(browser, url, "?backend=wasm")
+def test_the_page_fetches_nothing_from_elsewhere_and_its_csp_refuses_to(browser, tiny_url):
+    p = Page(browser, tiny_url, "?backend=wasm")
     try:
         for mode in ("ar", "mtp", "drafter"):
             p.generate(prompt="The list", mode=mode, k=5, maxNewTokens=8)
