@@ -120,6 +120,8 @@ def build_parser() -> Parser:
     h.add_argument("--checkpoint-every", type=positive_int,
                    help="steps between checkpoints in HEAD/checkpoint/ (default 100; also saved on Ctrl-C). "
                         "A run with the same settings, base and data resumes from it")
+    h.add_argument("--targets", choices=["greedy", "distribution"],
+                   help="what each draft learns: the base's greedy token (default) or its whole next-token distribution")
     h.add_argument("--restart", action="store_true", help="discard a checkpoint in HEAD/checkpoint/ and start over")
     r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
     r.add_argument("--base", default="models/base", help="base checkpoint directory")
@@ -282,7 +284,7 @@ def cmd_train_head(args) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
     options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
-               "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every}
+               "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))

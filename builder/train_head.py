@@ -53,6 +53,7 @@ class HeadTrainConfig:
     weight_decay: float = 0.0
     eval_prompts: int = 60        # validation prompts per task for the tau table
     checkpoint_every: int = 100   # steps between checkpoints
+    targets: str = "greedy"       # "greedy": the base's token; "distribution": its whole next-token distribution
 
 
 # --- 1. the base's own continuations --------------------------------------------------------------
@@ -127,17 +128,19 @@ def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_token
 # --- 2. training ---------------------------------------------------------------------------------
 
 def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
-               counts: list[int] | None = None):
+               counts: list[int] | None = None, targets: str = "greedy"):
     """Cross-entropy over the k draft positions of every anchor: at each draft position, the sum over
     anchors divided by counts[j - 1] (default: the targets counted here, i.e. the mean), averaged over
     positions. With the counts of a whole batch, the losses of its parts add up to the batch's loss.
 
     seqs (B, N) token ids; valid (B, N) True where the token is one the base wrote (a target).
+    targets "greedy": cross-entropy with the base's token; "distribution": with the base's whole
+    next-token distribution there (soft targets, as the drafter learns).
     Returns the loss and, per draft position, (correct, counted) for accuracy.
     """
     B, N = seqs.shape
     with torch.no_grad():
-        _, hidden, cache = base(seqs)
+        base_logits, hidden, cache = base(seqs)
     base_k, base_v = cache[head.config.kv_layer]
     # anchors before a0 draft no target (their whole chain lies in the prompt): a long prompt (summarize)
     # would otherwise spend most of the step on them
@@ -152,7 +155,13 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
         logits = base.lm_head(h)  # (B, N - a0, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
         count = counts[j - 1] if counts else int(ok.sum())
-        loss = F.cross_entropy(logits[ok], target[ok], reduction="sum") / max(1, count) if ok.any() else logits.sum() * 0
+        if not ok.any():
+            loss = logits.sum() * 0
+        elif targets == "distribution":  # the base's distribution of the token at t + j + 1: its logits at t + j
+            soft = F.softmax(F.pad(base_logits[:, j:], (0, 0, 0, j))[:, a0:][ok], dim=-1)
+            loss = -(soft * F.log_softmax(logits[ok], dim=-1)).sum() / max(1, count)
+        else:
+            loss = F.cross_entropy(logits[ok], target[ok], reduction="sum") / max(1, count)
         total = total + loss
         stats.append((int((logits[ok].argmax(-1) == target[ok]).sum()), int(ok.sum())))
     return total / k, stats
@@ -183,8 +192,8 @@ class Objective(torch.nn.Module):
         super().__init__()
         self.head = head
 
-    def forward(self, base: Llama, seqs, valid, k: int, counts: list[int]):
-        return chain_loss(self.head, base, seqs, valid, k, counts)
+    def forward(self, base: Llama, seqs, valid, k: int, counts: list[int], targets: str):
+        return chain_loss(self.head, base, seqs, valid, k, counts, targets)
 
 
 def processes() -> tuple[int, int]:
@@ -283,7 +292,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
             seqs, valid = next(batches)
             counts = [int(valid[:, j + 1:].sum()) for j in range(1, cfg.k + 1)]  # the whole batch's targets
             seqs, valid = (t[rank::world].to(device) for t in (seqs, valid))  # this process's share
-            loss, stats = model(base, seqs, valid, cfg.k, counts)
+            loss, stats = model(base, seqs, valid, cfg.k, counts, cfg.targets)
             opt.zero_grad(set_to_none=True)
             (loss * world).backward()  # DDP averages the processes' gradients: times world, they add up
             if world > 1:
