@@ -101,9 +101,10 @@ def onnx_dir(tmp_path_factory):
 def tiny(tmp_path_factory) -> Checkpoints:
     """A tiny random base with the shipped tokenizer (2 layers x 64, the shipped context window), a random
     head and a random drafter for it: the page's mechanics (zero-copy, faults, long sessions on WebGPU) in
-    seconds of SwiftShader, where the shipped 24-layer base takes about a second a pass. Embeddings of
-    unit scale keep its logits far apart, so its greedy output is stable across float paths and is
-    checked against the torch reference like the shipped model's."""
+    seconds of SwiftShader, where the shipped 24-layer base takes about a second a pass. Its weights are
+    scaled up so that its greedy text varies and its top two logits stay far apart (margins of 0.2 and
+    more, against float differences of 1e-4 between backends): its output is checked against the torch
+    reference like the shipped model's."""
     from builder.model import Llama, LlamaConfig, load_config, save_llama
     from builder.mtp import HeadConfig, MTPHead, base_fingerprint, save_head
 
@@ -115,8 +116,10 @@ def tiny(tmp_path_factory) -> Checkpoints:
     for name, layers in (("base", 2), ("drafter", 1)):
         model = Llama(LlamaConfig(num_hidden_layers=layers, **small))
         model.init_weights(seed=layers)
-        with torch.no_grad():
-            model.model.embed_tokens.weight.mul_(50)  # unit scale: logits of about +-8
+        with torch.no_grad():  # embeddings of unit scale, layers strong enough to change the next token
+            for weight_name, p in model.named_parameters():
+                if p.dim() >= 2:
+                    p.mul_(50 if "embed" in weight_name else 12)
         save_llama(model, root / name)
         shutil.copyfile(BASE_DIR / "tokenizer.json", root / name / "tokenizer.json")
         if name == "base":
