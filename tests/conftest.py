@@ -3,6 +3,7 @@ export, the built site in headless Chromium) and the helpers test modules share.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ DRAFTER_DIR = ROOT / "models" / "drafter"
 SHIPPED = Checkpoints(BASE_DIR, HEAD_DIR, DRAFTER_DIR)
 CONTEXT = json.loads((BASE_DIR / "config.json").read_text())["max_position_embeddings"]  # the shipped base's window
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))  # both cores, unless told otherwise
 
 
 def run(*args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProcess:
