@@ -142,6 +142,7 @@ def build_parser() -> Parser:
     d.add_argument("--drafter", default="models/drafter", help="where the trained drafter is written")
     d.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped drafter's)")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--eval-prompts", type=positive_int, help="validation prompts per task for the tau report (default 60)")
     return p
 
 
@@ -335,7 +336,8 @@ def cmd_bench(args) -> None:
 def cmd_train_drafter(args) -> None:
     from .train_drafter import DrafterTrainConfig, train_and_report
 
-    cfg = DrafterTrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    given = {"steps": args.steps, "eval_prompts": args.eval_prompts}
+    cfg = DrafterTrainConfig(seed=args.seed, **{k: v for k, v in given.items() if v})
     log = train_and_report(Path(args.base), Path(args.drafter), cfg)
     k4 = {v["task"]: v["tau"] for v in log["acceptance"].values() if v["k"] == 4}
     print(f"wrote {args.drafter}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))

@@ -361,6 +361,7 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
     overlap, and unedited samples; with `against` (another base, e.g. the one shipped before), its
     scores on the same text, sentences and passages."""
     from .corpus import PYTHON, validation_prompts
+    from .model import load_config
     from .tasks import encode_prompt, load_tokenizer
 
     tok = load_tokenizer(out)
@@ -376,7 +377,9 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
     texts = {"bits_per_byte": corpus.validation, "bits_per_byte_python_validation": python_validation}
     v = {**scores(out, texts, proofread, passages, samples), "python_validation_paragraphs": len(python_validation)}
     if against is not None:
-        v["against"] = {"base": str(against), **scores(against, texts, proofread, passages, [])}
+        c = load_config(against)
+        v["against"] = {"base": f"{against} before ({c.num_hidden_layers} layers x {c.hidden_size})",
+                        **scores(against, texts, proofread, passages, [])}
     return v
 
 
