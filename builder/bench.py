@@ -175,6 +175,18 @@ def memory(ckpts: Checkpoints) -> dict:
             "context_length": base.config.max_position_embeddings}
 
 
+def graph_nodes(onnx_dir: Path) -> dict:
+    """Operator nodes of each fp32 graph of the export (the base's, the head's per k, the drafter's): on a
+    runtime bound by kernel launches, a graph's cost follows its node count."""
+    import json
+
+    import onnx
+
+    graphs = json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["fp32"]["graphs"]
+    return {name: len(onnx.load(str(onnx_dir / g["file"]), load_external_data=False).graph.node)
+            for name, g in graphs.items()}
+
+
 def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
           log=print) -> dict:
     from .corpus import load_corpus, validation_prompts
@@ -221,7 +233,8 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
                 log(f"{runtime}: {info['note']} {info.get('adapter') or ''}")
                 results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
                 context.close()
-    return {"results": results, "memory": memory(ckpts), "profile": profiles,
+    nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
+    return {"results": results, "memory": memory(ckpts), "profile": profiles, "graph_nodes": nodes,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine()}
 
 

@@ -359,11 +359,13 @@ def resumable(directory: Path | None, key: dict, note) -> dict | None:
 
 def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, **source) -> dict:
     """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy.
-    source: head=... or drafter=..., as TorchBackend takes them."""
-    eos = base.config.eos_token_id
+    source: head=... or drafter=..., as TorchBackend takes them. A prompt that leaves no room for
+    max_new_tokens in the context window (a long summarize passage) is left out; "prompts" counts the rest."""
+    eos, room = base.config.eos_token_id, base.config.max_position_embeddings - max_new_tokens
     table = {}
     for task in sorted({p["task"] for p in prompts}):
         items = [encode_prompt(tok, task, p["prompt"]) for p in prompts if p["task"] == task]
+        items = [ids for ids in items if len(ids) <= room]
         refs = [decode_ar(base, ids, max_new_tokens, eos) for ids in items]
         for k in ks:
             accepted, mismatches, near_ties = [], 0, 0
