@@ -71,7 +71,7 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, checkpoint:
     drafter.init_weights(cfg.seed)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
-    first, recent = 0, []
+    first, recent, spent, started = 0, [], saved.get("train_seconds", 0) if saved else 0, time.time()
     if saved:
         drafter.load_state_dict(saved["weights"])
         opt.load_state_dict(saved["opt"])
@@ -102,16 +102,16 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, checkpoint:
                 bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}",
                                 agree=f"{sum(a for _, a in recent) / len(recent):.2f}")
             if checkpoint and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                save_checkpoint(checkpoint, key, data, drafter, opt, done, recent)
+                save_checkpoint(checkpoint, key, data, drafter, opt, done, recent, spent + time.time() - started)
     except KeyboardInterrupt:
         bar.close()
         if checkpoint:
-            save_checkpoint(checkpoint, key, data, drafter, opt, done, recent)
+            save_checkpoint(checkpoint, key, data, drafter, opt, done, recent, spent + time.time() - started)
             note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
         raise
     drafter.eval()
     return drafter, {"train_config": asdict(cfg), "data_seconds": round(data_seconds),
-                     "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data), "resumed_at_step": first,
+                     "train_seconds": round(spent + time.time() - started), "sequences": len(data), "resumed_at_step": first,
                      "final_loss": sum(l for l, _ in recent) / len(recent),
                      "final_agreement_with_base": sum(a for _, a in recent) / len(recent),
                      "drafter_parameters": sum(p.numel() for p in drafter.parameters())}

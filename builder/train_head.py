@@ -270,7 +270,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
-    first, recent = 0, []
+    first, recent, spent, started = 0, [], saved.get("train_seconds", 0) if saved else 0, time.time()
     if saved:
         head.load_state_dict(saved["weights"])
         opt.load_state_dict(saved["opt"])
@@ -280,7 +280,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
 
     def save(steps: int) -> None:
         if checkpoint and rank == 0:
-            save_checkpoint(checkpoint, key, data, head, opt, steps, recent)
+            save_checkpoint(checkpoint, key, data, head, opt, steps, recent, spent + time.time() - started)
 
     head.train()
     bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps, disable=rank > 0)
@@ -320,21 +320,23 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     head.config.base_fingerprint = before
     return head, {"train_config": asdict(cfg), "device": str(device), "resumed_at_step": first,
                   "data_seconds": round(data_seconds),
-                  "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data),
+                  "train_seconds": round(spent + time.time() - started), "sequences": len(data),  # over resumes
                   "distilled_tokens": sum(len(s) - p for p, s in data),
-                  # tokens (prompt and continuation) of the steps this run trained, resumed ones not counted
-                  "trained_tokens": (cfg.steps - first) * cfg.batch_size * sum(len(s) for _, s in data) / len(data),
+                  # tokens (prompt and continuation) of every step the head trained (about: mean length)
+                  "trained_tokens": cfg.steps * cfg.batch_size * sum(len(s) for _, s in data) / len(data),
                   "final_loss": sum(l for l, _ in recent) / len(recent),
                   "head_parameters": head.num_params(), "base_parameters": sum(p.numel() for p in base.parameters()),
                   "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
 
 
-def save_checkpoint(directory: Path, key: dict, data, model: torch.nn.Module, opt, step: int, recent) -> None:
-    """The run after `step` steps (train-head and train-drafter): settings key, data, weights, optimizer."""
+def save_checkpoint(directory: Path, key: dict, data, model: torch.nn.Module, opt, step: int, recent,
+                    train_seconds: float) -> None:
+    """The run after `step` steps (train-head and train-drafter): settings key, data, weights, optimizer,
+    and the seconds of training so far (summed over resumes, for the model card)."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / "state.pt.tmp"
     torch.save({"key": key, "step": step, "recent": recent, "data": data, "weights": model.state_dict(),
-                "opt": opt.state_dict()}, tmp)
+                "opt": opt.state_dict(), "train_seconds": train_seconds}, tmp)
     tmp.replace(directory / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
 
 
@@ -448,8 +450,8 @@ head and keeps no cache over the prompt: no prefill.
 
 ## Training (self-distillation, base frozen)
 
-{t['prompts_per_task']} training-split prompts per task (`continue` prefixes and `proofread` sentences with
-typos); the base wrote its own greedy continuation of each ({log['sequences']} sequences, {log['distilled_tokens']:,}
+{t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, `proofread`
+sentences with typos, `summarize` passages); the base wrote its own greedy continuation of each ({log['sequences']} sequences, {log['distilled_tokens']:,}
 tokens, {log['data_seconds']} s). The head was trained to predict the base's greedy token at each of the
 {t['k']} draft positions of every anchor, its own hidden state fed back: {t['steps']} AdamW steps of
 {t['batch_size']} sequences, lr {t['lr']}, seed {t['seed']}, **{log['train_seconds'] / 60:.0f} minutes** on a 2-core CPU.
