@@ -127,13 +127,22 @@ def test_other_sources_leave_pythons_validation_text_in_validation(tmp_path, mon
 
 
 def test_summarize_prompt_format(tokenizer, tmp_path):
+    from builder.tasks import prompt_formats
     from builder.train_base import train_tokenizer
 
-    assert "summarize" not in tokenizer.tasks, "the first base has no summarize markers: it does not offer the task"
+    from tokenizers import Tokenizer
+
+    from builder.tasks import TaskTokenizer
+
+    ids = encode_prompt(tokenizer, "summarize", "A passage.")  # the shipped base offers the task
+    assert ids[0] == tokenizer.token_to_id("<|summarize|>") and ids[-1] == tokenizer.token_to_id("<|summary|>")
+    # a tokenizer of builder's kind without the summarize markers (as the first base had) does not
+    old = Tokenizer.from_str(tokenizer.to_str().replace("<|summarize|>", "<|a|>").replace("<|summary|>", "<|b|>"))
+    old = TaskTokenizer(old, prompt_formats(old, None))
+    assert set(old.tasks) == {"continue", "proofread"}
     with pytest.raises(PromptError, match="does not offer"):
-        encode_prompt(tokenizer, "summarize", "A passage.")
+        encode_prompt(old, "summarize", "A passage.")
     tok = train_tokenizer(["Some text to learn a few merges from."] * 5, 300)
-    from builder.tasks import prompt_formats
     tok.tasks = prompt_formats(tok, None)
     ids = encode_prompt(tok, "summarize", "A passage.")
     assert ids[0] == tok.token_to_id("<|summarize|>") and ids[-1] == tok.token_to_id("<|summary|>")
