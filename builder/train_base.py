@@ -378,7 +378,7 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
     v = {**scores(out, texts, proofread, passages, samples), "python_validation_paragraphs": len(python_validation)}
     if against is not None:
         c = load_config(against)
-        v["against"] = {"base": f"{against} before ({c.num_hidden_layers} layers x {c.hidden_size})",
+        v["against"] = {"base": f"{against} before ({c['num_hidden_layers']} layers x {c['hidden_size']})",
                         **scores(against, texts, proofread, passages, [])}
     return v
 
