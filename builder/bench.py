@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .export import Checkpoints
 
 RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-webgpu")
-TASKS = ("continue", "proofread")
+TASKS = ("continue", "proofread", "summarize")  # each one the base offers is measured
 
 
 @dataclass
@@ -119,14 +119,14 @@ def browser_runner(page):
 def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> list[dict]:
     from .generate import acceptance, compare_to_reference
 
-    items = {task: prompts[task][: plan.prompts] for task in TASKS}
-    for task in TASKS:  # warm-up: every mode once, so no round pays for first-run compilation
+    items = {task: p[: plan.prompts] for task, p in prompts.items()}
+    for task in items:  # warm-up: every mode once, so no round pays for first-run compilation
         for mode, k in modes(plan.ks):
             ids, text = items[task][0]
             run(ids, text, task, mode, k, 8)
     rounds = {}  # (task, mode, k) -> what every round measured
     for rep in range(plan.repeats):
-        for task in TASKS:
+        for task in items:
             for mode, k in modes(plan.ks):
                 r = rounds.setdefault((task, mode, k), {"tps": [], "tokens": 0, "steps": 0, "accepted": [],
                                                         "mismatches": 0, "near_ties": 0})
@@ -175,6 +175,18 @@ def memory(ckpts: Checkpoints) -> dict:
             "context_length": base.config.max_position_embeddings}
 
 
+def graph_nodes(onnx_dir: Path) -> dict:
+    """Operator nodes of each fp32 graph of the export (the base's, the head's per k, the drafter's): on a
+    runtime bound by kernel launches, a graph's cost follows its node count."""
+    import json
+
+    import onnx
+
+    graphs = json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["fp32"]["graphs"]
+    return {name: len(onnx.load(str(onnx_dir / g["file"]), load_external_data=False).graph.node)
+            for name, g in graphs.items()}
+
+
 def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
           log=print) -> dict:
     from .corpus import load_corpus, validation_prompts
@@ -191,12 +203,13 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
     tok, base = load_tokenizer(ckpts.base), load_llama(ckpts.base)
     every_k = tuple(range(1, read_head_config(ckpts.head).k_train + 1))
     cfg = replace(cfg, plans={rt: replace(p, ks=p.ks or every_k) for rt, p in cfg.plans.items()})
-    corpus_prompts = validation_prompts(load_corpus(), max(p.prompts for p in cfg.plans.values()))
+    tasks = tuple(t for t in TASKS if t in tok.tasks)
+    corpus_prompts = validation_prompts(load_corpus(), max(p.prompts for p in cfg.plans.values()), tasks=tasks)
     prompts = {t: [(encode_prompt(tok, t, p["prompt"]), p["prompt"]) for p in corpus_prompts if p["task"] == t]
-               for t in TASKS}
+               for t in tasks}
     refs = {}
     for plan in {cfg.plans[r].new_tokens: cfg.plans[r] for r in cfg.runtimes}.values():
-        for t in TASKS:
+        for t in tasks:
             for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in cfg.runtimes)]:
                 refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
     results, profiles = [], {}
@@ -220,7 +233,8 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
                 log(f"{runtime}: {info['note']} {info.get('adapter') or ''}")
                 results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
                 context.close()
-    return {"results": results, "memory": memory(ckpts), "profile": profiles,
+    nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
+    return {"results": results, "memory": memory(ckpts), "profile": profiles, "graph_nodes": nodes,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine()}
 
 

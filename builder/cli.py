@@ -73,9 +73,20 @@ def build_parser() -> Parser:
                         "exported from other checkpoints. Every file is checked against the manifest's sha256.")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
 
-    t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from the Python docs")
+    t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from Debian's documentation")
     t.add_argument("--base", default="models/base", help="where the trained base is written")
-    t.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped model's)")
+    t.add_argument("--run-dir", default="build/train-base",
+                   help="the run's tokenized data and checkpoint: the same command resumes there")
+    t.add_argument("--steps", type=positive_int, help="optimizer steps (default: as many as --minutes allow)")
+    t.add_argument("--minutes", type=float, help="training budget in minutes when --steps is not given (default 150)")
+    t.add_argument("--batch-size", type=positive_int, help="sequences per step (default 8)")
+    t.add_argument("--checkpoint-minutes", type=float, help="minutes between checkpoints (default 5)")
+    t.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when PyTorch sees one")
+    t.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's, one per core)")
+    t.add_argument("--sources", help="comma-separated corpus packages (default: all of builder/corpus.py's SOURCES)")
+    t.add_argument("--restart", action="store_true", help="discard the run saved in --run-dir and start over")
+    t.add_argument("--against", help="another base measured on the same validation text, for the model card "
+                                     "(default: models/base, when --base writes elsewhere)")
     t.add_argument("--seed", type=int, default=0)
 
     b = sub.add_parser("build", help="export the models to ONNX and render the static site")
@@ -101,14 +112,16 @@ def build_parser() -> Parser:
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--data", type=Path, help="your own training text: a UTF-8 file, or a directory of .txt/.md/.rst "
                                              "files (paragraphs between blank lines; 1 in 20 held back for the tau "
-                                             "report). Default: the built-in corpus (the Python docs)")
+                                             "report). Default: the built-in corpus (eight Debian documentation packages: corpus.HEAD_SOURCES)")
     h.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
-    h.add_argument("--prompts-per-task", type=positive_int, help="self-distillation prompts per task (default 6000)")
+    h.add_argument("--prompts-per-task", type=positive_int, help="self-distillation prompts per task (default 4000)")
     h.add_argument("--batch-size", type=positive_int, help="sequences per step (default 16)")
     h.add_argument("--eval-prompts", type=positive_int, help="held-back prompts per task for the tau report (default 60)")
     h.add_argument("--checkpoint-every", type=positive_int,
                    help="steps between checkpoints in HEAD/checkpoint/ (default 100; also saved on Ctrl-C). "
                         "A run with the same settings, base and data resumes from it")
+    h.add_argument("--targets", choices=["greedy", "distribution"],
+                   help="what each draft learns: the base's greedy token (default) or its whole next-token distribution")
     h.add_argument("--restart", action="store_true", help="discard a checkpoint in HEAD/checkpoint/ and start over")
     r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
     r.add_argument("--base", default="models/base", help="base checkpoint directory")
@@ -129,6 +142,7 @@ def build_parser() -> Parser:
     d.add_argument("--drafter", default="models/drafter", help="where the trained drafter is written")
     d.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped drafter's)")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--eval-prompts", type=positive_int, help="validation prompts per task for the tau report (default 60)")
     return p
 
 
@@ -236,10 +250,31 @@ def cmd_serve(args) -> None:
 def cmd_train_base(args) -> None:
     from .train_base import TrainConfig, train_and_report
 
-    cfg = TrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
-    log = train_and_report(Path(args.base), cfg)
-    print(f"wrote {args.base}: validation loss {log['validation']['loss_continue']:.3f}, "
-          f"proofread exact-fix {log['validation']['proofread_exact_fix']:.1%}")
+    import shutil
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = {"steps": args.steps, "minutes": args.minutes, "batch_size": args.batch_size,
+               "checkpoint_minutes": args.checkpoint_minutes,
+               "sources": tuple(args.sources.split(",")) if args.sources else None}
+    cfg = TrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
+    run_dir = Path(args.run_dir)
+    if args.restart:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    against = Path(args.against or "models/base")
+    if against.resolve() == Path(args.base).resolve() or not (against / "config.json").is_file():
+        if args.against:
+            raise PromptError(f"--against {args.against}: not another base checkpoint directory")
+        against = None
+    log = train_and_report(Path(args.base), cfg, run_dir, device=args.device, against=against,
+                           note=lambda msg: sys.stderr.write(msg + "\n"))
+    v = log["validation"]
+    print(f"wrote {args.base}: {v['bits_per_byte']:.3f} bits per byte on validation text, proofread exact-fix "
+          f"{v['proofread_exact_fix']:.1%}, summarize word overlap {v['summarize_overlap_f1']:.3f}")
 
 
 def cmd_train_head(args) -> None:
@@ -250,10 +285,12 @@ def cmd_train_head(args) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
     options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
-               "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every}
+               "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))
+    if "acceptance" not in log:
+        return  # a torchrun process other than rank 0: rank 0 reports
     print(f"wrote {args.head} ({log['train_seconds']} s of training on {log['device']}, "
           f"{log['trained_tokens'] / 1e6:.3g} M tokens); tau on held-back text:")
     for row in log["acceptance"].values():
@@ -299,9 +336,10 @@ def cmd_bench(args) -> None:
 def cmd_train_drafter(args) -> None:
     from .train_drafter import DrafterTrainConfig, train_and_report
 
-    cfg = DrafterTrainConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    given = {"steps": args.steps, "eval_prompts": args.eval_prompts}
+    cfg = DrafterTrainConfig(seed=args.seed, **{k: v for k, v in given.items() if v})
     log = train_and_report(Path(args.base), Path(args.drafter), cfg)
-    k4 = {t: log["acceptance"][f"{t}/k=4"]["tau"] for t in TASKS}
+    k4 = {v["task"]: v["tau"] for v in log["acceptance"].values() if v["k"] == 4}
     print(f"wrote {args.drafter}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
 
 
@@ -311,6 +349,10 @@ COMMANDS = {"generate": cmd_generate, "build": cmd_build, "serve": cmd_serve, "t
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command.startswith("train-"):  # a kill or a closing session saves the run as Ctrl-C does
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         COMMANDS[args.command](args)
     except (CheckpointError, PromptError, DataError, SiteError, BrowserError) as e:

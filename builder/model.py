@@ -130,6 +130,16 @@ def attend(q, k, v, past_len: int):
     return (att @ v).transpose(1, 2)  # (B, T, Hq, D)
 
 
+def causal_sdpa(q, k, v):
+    """attend() for a sequence with no past, through F.scaled_dot_product_attention (never exported)."""
+    groups = q.shape[2] // k.shape[2]
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, Hq, D)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -151,7 +161,10 @@ class Attention(nn.Module):
             past_len = past[0].shape[1]
             k = torch.cat((past[0], k), dim=1)  # (B, S, n_kv, D)
             v = torch.cat((past[1], v), dim=1)
-        y = attend(q, k, v, past_len)  # (B, T, Hq, D)
+        if self.training and past is None:  # training only: PyTorch's fused kernel, a quarter faster on CPU
+            y = causal_sdpa(q, k, v)
+        else:  # decoding and export
+            y = attend(q, k, v, past_len)  # (B, T, Hq, D)
         return self.o_proj(y.reshape(B, T, -1)), (k, v)
 
 

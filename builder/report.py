@@ -88,6 +88,12 @@ def profile_table(data: dict, runtime: str) -> str:
     notes = [f"A plain step, one base run of one token: {t1:.2f} ms (median of {prof['base T=1']['runs']} runs)."]
     if drafter is not None:
         notes.append(f"The independent drafter's one-token run: {drafter:.2f} ms ({drafter / t1:.2f}x).")
+    nodes = data.get("graph_nodes", {})
+    if "base" in nodes:
+        heads = [f"k={k} {n}" for k, n in sorted((int(g.split("_k")[1]), n) for g, n in nodes.items() if g.startswith("head_k"))]
+        notes.append(f"Operator nodes per graph: base {nodes['base']}"
+                     + (f"; head {', '.join(heads)}" if heads else "")
+                     + (f"; drafter {nodes['drafter']}" if "drafter" in nodes else "") + ".")
     return "\n".join(lines) + "\n\n" + " ".join(notes)
 
 

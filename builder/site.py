@@ -98,8 +98,9 @@ def render(out: Path, manifest: dict) -> None:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     examples = json.loads((WEB / "examples.json").read_text(encoding="utf-8"))["examples"]
-    context = {"examples": examples, "tasks": list(manifest["tasks"]), "k_max": manifest["head"]["k"],
-               "context_length": manifest["context_length"], "defaults": manifest["defaults"]}
+    tasks = list(manifest["tasks"])  # the tasks this model offers, each with its examples
+    context = {"examples": {t: examples.get(t, []) for t in tasks}, "tasks": tasks, "k_max": manifest["head"]["k"],
+               "context_length": manifest["context_length"], "n_layers": manifest["kv"]["layers"], "defaults": manifest["defaults"]}
     for template in sorted((WEB / "templates").glob("[!_]*.html")):
         (out / template.name).write_text(env.get_template(template.name).render(**context), encoding="utf-8")
     for static in sorted((WEB / "src").iterdir()):

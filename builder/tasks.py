@@ -1,16 +1,21 @@
-"""The two tasks and their one prompt format, shared by training, Python decoding and the site.
+"""The three tasks and their one prompt format, shared by training, Python decoding and the site.
 
 A prompt is the task's prefix ids, the ids of the user's text, then the task's suffix ids. With
 builder's own tokenizer (models/base) the prefix and suffix are marker tokens:
 
     continue:   <|continue|>{text}                 the model continues the text
     proofread:  <|proofread|>{text}<|fix|>         the model writes the corrected sentence, then <|endoftext|>
+    summarize:  <|summarize|>{text}<|summary|>     the model writes a short summary (a title), then <|endoftext|>
 
 Any other tokenizer (a user's own Llama-family checkpoint) has no such markers: the prompt is plain
 text, after the model's beginning-of-sequence token when its config names one:
 
     continue:   [bos]{text}
     proofread:  [bos]Correct the spelling mistakes in this sentence.\nSentence: {text}\nCorrected:
+    summarize:  [bos]Summarize this passage in a short title.\nPassage: {text}\nTitle:
+
+A tokenizer of builder's own that lacks a task's markers (the first base had no summarize task) does
+not offer that task: `tok.tasks` holds the tasks a model can be asked for.
 
 `load_tokenizer` works the format out once (`TaskTokenizer.tasks`); the export writes the same ids
 into the manifest, so the page builds the same prompts.
@@ -30,17 +35,19 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 EOS = "<|endoftext|>"
-SPECIAL_TOKENS = [EOS, "<|continue|>", "<|proofread|>", "<|fix|>"]
+SPECIAL_TOKENS = [EOS, "<|continue|>", "<|proofread|>", "<|fix|>", "<|summarize|>", "<|summary|>"]
 
 # task -> (marker before the text, separator after it): builder's own tokenizer
 TASKS: dict[str, tuple[str, str | None]] = {
     "continue": ("<|continue|>", None),
     "proofread": ("<|proofread|>", "<|fix|>"),
+    "summarize": ("<|summarize|>", "<|summary|>"),
 }
 # task -> (text before the user's text, text after it): any other tokenizer
 TEXT_TASKS: dict[str, tuple[str, str]] = {
     "continue": ("", ""),
     "proofread": ("Correct the spelling mistakes in this sentence.\nSentence: ", "\nCorrected:"),
+    "summarize": ("Summarize this passage in a short title.\nPassage: ", "\nTitle:"),
 }
 
 
@@ -78,11 +85,11 @@ def load_tokenizer(directory: str | Path) -> TaskTokenizer:
 
 
 def prompt_formats(tok: Tokenizer, bos_id: int | None) -> dict[str, dict[str, list[int]]]:
-    """task -> {"prefix": ids before the user's text, "suffix": ids after it}."""
+    """task -> {"prefix": ids before the user's text, "suffix": ids after it}, for the tasks the model offers."""
     ids = tok.token_to_id
-    if all(ids(t) is not None for t in SPECIAL_TOKENS):
+    if ids(EOS) is not None and ids(TASKS["continue"][0]) is not None:  # builder's own tokenizer
         return {task: {"prefix": [ids(marker)], "suffix": [ids(sep)] if sep else []}
-                for task, (marker, sep) in TASKS.items()}
+                for task, (marker, sep) in TASKS.items() if ids(marker) is not None and (sep is None or ids(sep) is not None)}
     bos = [bos_id] if bos_id is not None else []
     return {task: {"prefix": bos + encode_text(tok, before), "suffix": encode_text(tok, after)}
             for task, (before, after) in TEXT_TASKS.items()}
@@ -109,6 +116,9 @@ def encode_text(tok: Tokenizer, text: str) -> list[int]:
 def encode_prompt(tok: Tokenizer, task: str, text: str) -> list[int]:
     if task not in TASKS:
         raise PromptError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if task not in tok.tasks:
+        raise PromptError(f"this model does not offer the task {task!r} (its tokenizer has no marker for it): "
+                          f"choose one of {', '.join(tok.tasks)}")
     if not text.strip():
         raise PromptError("the prompt is empty")
     fmt = tok.tasks[task]

@@ -1,21 +1,32 @@
-"""Train the default base: a byte-level BPE tokenizer and a small Llama on the Python docs, with both tasks.
+"""Train the default base: a byte-level BPE tokenizer and a deep, thin Llama on Debian's documentation.
 
-The training stream is a shuffled sequence of examples, each ended by <|endoftext|>:
+The training stream is a shuffled sequence of examples of the three tasks, each ended by <|endoftext|>:
 
-    <|continue|>{paragraph}<|endoftext|>
+    <|continue|>{heading}\n{paragraph}\n{paragraph}..<|endoftext|>        a section of a document
     <|proofread|>{sentence with typos}<|fix|>{sentence}<|endoftext|>
+    <|summarize|>{passage}<|summary|>{its heading}<|endoftext|>
 
-Loss is taken on every token the model would be asked to write: the paragraph of a continue example,
-the corrected sentence (and its end token) of a proofread example - not on the text with typos, which
-the model only reads.
+Loss is taken on every token the model would be asked to write: the text of a continue example, the
+corrected sentence of a proofread example, the heading of a summarize example (each with its end
+token) - not on what the model only reads. Each step trains on `batch_size` windows of `block_size`
+tokens at random places of the stream; the places depend on the seed and the step alone, so a resumed
+run sees the same data as an uninterrupted one.
+
+A run lives in a run directory (default build/train-base): the tokenizer and the tokenized stream,
+written once, and `state.pt`, saved every `checkpoint_minutes` of training, on Ctrl-C and on SIGTERM
+(the model, the optimizer, the step, the steps planned). The same command resumes there and ends with
+the same weights as a run that was never stopped. The budget is `steps`, or `minutes` of training:
+then the run times its first steps and fixes the number of steps, saved with the run. The learning rate
+warms up, stays, and decays linearly to a tenth over the last `cooldown` share of the steps.
 """
 from __future__ import annotations
 
 import json
 import math
 import random
+import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,23 +35,48 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm import tqdm
 
-from .corpus import Corpus, load_corpus, proofread_pairs
+from .corpus import SOURCES, Corpus, DataError, load_corpus, missing_packages, proofread_pairs, summary_pairs
 from .model import Llama, LlamaConfig, save_llama
 from .tasks import EOS, SPECIAL_TOKENS, TASKS, encode_text
+
+# The shipped base's shape: deep and thin like on-device models (see the model card for the alternatives).
+DEEP = dict(num_hidden_layers=24, hidden_size=192, intermediate_size=512, num_attention_heads=6, num_key_value_heads=2)
+
+
+TOKENIZER_SAMPLE = 100_000  # training paragraphs the tokenizer learns its merges from (about 20 M characters)
 
 
 @dataclass
 class TrainConfig:
     seed: int = 0
+    sources: tuple[str, ...] = tuple(SOURCES)  # the corpus: Debian documentation packages (builder/corpus.py)
     vocab_size: int = 4096
-    block_size: int = 256        # tokens per training sequence (= the context window)
-    batch_size: int = 16         # sequences per step
-    steps: int = 1600
-    lr: float = 1.5e-3           # peak learning rate, cosine decay to lr/10 after warmup
+    block_size: int = 512         # tokens per training sequence (= the context window)
+    batch_size: int = 8           # sequences per step
+    steps: int = 0                # optimizer steps; 0: as many as `minutes` of training allow
+    minutes: float = 150.0        # the training budget when steps is 0 (fixed after timing the first steps)
+    lr: float = 1.5e-3            # peak learning rate
     warmup: int = 100
+    cooldown: float = 0.2         # the last share of the steps decays the learning rate linearly to lr/10
     weight_decay: float = 0.1
-    proofread_share: float = 0.5  # proofread examples per continue example in the stream
+    proofread_share: float = 0.5  # proofread examples per training paragraph
+    summarize_share: float = 1.0  # share of the training corpus's summarize pairs in the stream
+    checkpoint_minutes: float = 5.0
 
+
+def data_key(cfg: TrainConfig) -> dict:
+    """What the tokenizer and the stream depend on (as JSON reads it back)."""
+    keep = ("seed", "sources", "vocab_size", "proofread_share", "summarize_share")
+    return json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k in keep}))
+
+
+def run_key(cfg: TrainConfig, model_cfg: LlamaConfig) -> dict:
+    """What a resumed run must share with the saved one (the budget may change)."""
+    skip = ("steps", "minutes", "checkpoint_minutes")
+    return json.loads(json.dumps({"train": {k: v for k, v in asdict(cfg).items() if k not in skip}, "model": asdict(model_cfg)}))
+
+
+# --- tokenizer and stream ------------------------------------------------------------------------
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
@@ -53,56 +89,105 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def build_stream(tok: Tokenizer, paragraphs: list[str], pairs: list[tuple[str, str]], seed: int):
-    """(ids, weights): the concatenated examples and, per token, 1 where it is a training target."""
+def section_texts(sections) -> list[str]:
+    """Continue examples: a section's heading and paragraphs, one per line."""
+    return ["\n".join(([heading] if heading else []) + paras) for heading, paras in sections if paras]
+
+
+def build_stream(tok: Tokenizer, texts: list[str], pairs: dict[str, list[tuple[str, str]]], seed: int):
+    """(ids, weights, tokens): the shuffled examples, concatenated; per token 1 where it is a training
+    target; and the stream's tokens per task.
+
+    texts: continue examples; pairs: task -> (what the model reads, what it writes) for proofread and summarize.
+    """
     sid = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    examples = []
-    for text in paragraphs:
-        body = encode_text(tok, text) + [sid[EOS]]
-        examples.append(([sid[TASKS["continue"][0]]] + body, [0] + [1] * len(body)))
-    for typo, fixed in pairs:
-        prompt = [sid[TASKS["proofread"][0]]] + encode_text(tok, typo) + [sid[TASKS["proofread"][1]]]
-        answer = encode_text(tok, fixed) + [sid[EOS]]
-        examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    enc = lambda strings: [e.ids for e in tok.encode_batch(strings, add_special_tokens=False)]  # noqa: E731
+    examples = [([sid[TASKS["continue"][0]]], body + [sid[EOS]]) for body in enc(texts)]
+    tokens = {"continue": sum(len(p) + len(a) for p, a in examples)}
+    for task, task_pairs in pairs.items():
+        marker, sep = (sid[t] for t in TASKS[task])
+        reads, writes = enc([a for a, _ in task_pairs]), enc([b for _, b in task_pairs])
+        examples += [([marker] + r + [sep], w + [sid[EOS]]) for r, w in zip(reads, writes)]
+        tokens[task] = sum(len(r) + len(w) + 3 for r, w in zip(reads, writes))
     random.Random(seed).shuffle(examples)
-    ids = np.fromiter((i for ex, _ in examples for i in ex), dtype=np.int64)
-    weights = np.fromiter((w for _, ws in examples for w in ws), dtype=np.float32)
-    return ids, weights
+    ids = np.fromiter((i for p, a in examples for i in p + a), dtype=np.int64)
+    weights = np.fromiter((w for p, a in examples for w in [0] * len(p) + [1] * len(a)), dtype=np.float32)
+    return ids, weights, tokens
 
 
-def batches(ids: np.ndarray, weights: np.ndarray, block: int, batch: int, rng: np.random.Generator):
-    """Endless random windows: inputs (B, T), targets (B, T), target weights (B, T)."""
-    while True:
-        starts = rng.integers(0, len(ids) - block - 1, size=batch)
-        idx = starts[:, None] + np.arange(block + 1)[None, :]
-        x, w = torch.from_numpy(ids[idx]), torch.from_numpy(weights[idx])
-        yield x[:, :-1], x[:, 1:], w[:, 1:]
+def training_pairs(corpus: Corpus, cfg: TrainConfig) -> dict[str, list[tuple[str, str]]]:
+    rng = random.Random(cfg.seed)
+    proofread = proofread_pairs(corpus.train, cfg.seed)
+    summarize = summary_pairs(corpus.train_sections)
+    return {"proofread": rng.sample(proofread, min(len(proofread), int(cfg.proofread_share * len(corpus.train)))),
+            "summarize": rng.sample(summarize, int(cfg.summarize_share * len(summarize)))}
+
+
+def prepare_data(run_dir: Path, cfg: TrainConfig, corpus: Corpus | None = None, note=print):
+    """The run's tokenizer and stream: made once (from the corpus) and kept in run_dir, so a resumed run
+    reads them back as they were, whatever has changed on the machine since."""
+    key = data_key(cfg)
+    meta_path = run_dir / "data.json"
+    if meta_path.is_file() and json.loads(meta_path.read_text()).get("key") == key:
+        stream = np.load(run_dir / "stream.npz")
+        return Tokenizer.from_file(str(run_dir / "tokenizer.json")), stream["ids"].astype(np.int64), stream["weights"], \
+            json.loads(meta_path.read_text())["info"]
+    t0 = time.time()
+    corpus = corpus or load_corpus(cfg.sources)
+    note(f"corpus: {len(corpus.train):,} training paragraphs from {len(cfg.sources)} sources; training the tokenizer")
+    sample = random.Random(cfg.seed).sample(corpus.train, min(len(corpus.train), TOKENIZER_SAMPLE))
+    tok = train_tokenizer(sample, cfg.vocab_size)
+    pairs = training_pairs(corpus, cfg)
+    texts = section_texts(corpus.train_sections)
+    ids, weights, tokens = build_stream(tok, texts, pairs, cfg.seed)
+    info = {"stream_tokens": int(len(ids)), "target_tokens": int(weights.sum()), "tokens_per_task": tokens,
+            "continue_examples": len(texts), **{f"{t}_pairs": len(p) for t, p in pairs.items()},
+            "train_chars": sum(map(len, corpus.train)), "validation_chars": sum(map(len, corpus.validation)),
+            "train_paragraphs": len(corpus.train), "validation_paragraphs": len(corpus.validation),
+            "train_files": corpus.files[0], "validation_files": corpus.files[1], "sources": corpus.sources,
+            "seconds": round(time.time() - t0)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(run_dir / "tokenizer.json"))
+    np.savez(run_dir / "stream.npz", ids=ids.astype(np.uint16 if cfg.vocab_size <= 65536 else np.int64), weights=weights)
+    (run_dir / "validation.json").write_text(json.dumps(corpus.validation_sections, ensure_ascii=False))
+    meta_path.write_text(json.dumps({"key": key, "info": info}, indent=2) + "\n")
+    note(f"stream: {len(ids) / 1e6:.1f} M tokens ({info['seconds']} s)")
+    return tok, ids, weights, info
+
+
+def batch_at(ids: np.ndarray, weights: np.ndarray, cfg: TrainConfig, step: int):
+    """The step's windows, a function of the seed and the step alone: inputs, targets, target weights (B, T)."""
+    starts = np.random.default_rng([cfg.seed, step]).integers(0, len(ids) - cfg.block_size - 1, size=cfg.batch_size)
+    idx = starts[:, None] + np.arange(cfg.block_size + 1)[None, :]
+    x, w = torch.from_numpy(ids[idx]), torch.from_numpy(weights[idx])
+    return x[:, :-1], x[:, 1:], w[:, 1:]
 
 
 def weighted_loss(model: Llama, x, y, w) -> torch.Tensor:
     logits, _, _ = model(x)
-    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
     return (loss * w.flatten()).sum() / w.sum().clamp(min=1)
 
 
 @torch.no_grad()
-def stream_loss(model: Llama, ids: np.ndarray, weights: np.ndarray, block: int) -> float:
-    """Mean weighted loss over consecutive windows covering the whole stream."""
+def stream_loss(model: Llama, ids: np.ndarray, weights: np.ndarray, block: int) -> tuple[float, float]:
+    """(total weighted loss in nats, total weight) over consecutive windows covering the whole stream."""
     total, count = 0.0, 0.0
-    n = (len(ids) - 1) // block
+    n = -(-(len(ids) - 1) // block)  # the last window padded with weight 0
+    ids, weights = np.pad(ids, (0, n * block + 1 - len(ids))), np.pad(weights, (0, n * block + 1 - len(weights)))
     for i in range(0, n, 16):
         rows = range(i, min(i + 16, n))
         idx = np.array([np.arange(r * block, r * block + block + 1) for r in rows])
-        x, w = torch.from_numpy(ids[idx]), torch.from_numpy(weights[idx])
+        x, w = torch.from_numpy(ids[idx].astype(np.int64)), torch.from_numpy(weights[idx])
         logits, _, _ = model(x[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="none")
         total += float((loss * w[:, 1:].flatten()).sum())
         count += float(w[:, 1:].sum())
-    return total / count
+    return total, count
 
 
 def lr_at(step: int, cfg) -> float:
-    """The learning rate of every training command (base, head, drafter) at a step: linear warm-up over
+    """The learning rate of train-head and train-drafter at a step: linear warm-up over
     cfg.warmup steps (at most a tenth of the run), then cosine decay to cfg.lr / 10 at cfg.steps."""
     warmup = min(cfg.warmup, max(1, cfg.steps // 10))
     if step < warmup:
@@ -111,107 +196,277 @@ def lr_at(step: int, cfg) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train_base(out: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None) -> dict:
-    """Trains tokenizer and model, writes them to `out`, returns a log of what was done."""
-    torch.manual_seed(cfg.seed)
-    corpus = corpus or load_corpus()
-    t0 = time.time()
-    tok = train_tokenizer(corpus.train, cfg.vocab_size)
-    model_cfg = model_cfg or LlamaConfig()
+def wsd_lr_at(step: int, steps: int, cfg: TrainConfig) -> float:
+    """The base's schedule: warmup, then constant, then a linear decay to lr/10 over the last `cooldown`
+    share of the steps. Unlike lr_at's cosine, the plan can still be lengthened on a resume before the
+    cooldown starts."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    decay_from = steps * (1 - cfg.cooldown)
+    return cfg.lr * (1 - 0.9 * min(1.0, max(0.0, step - decay_from) / max(1.0, steps - decay_from)))
+
+
+# --- the training loop ---------------------------------------------------------------------------
+
+@dataclass
+class RunState:
+    """What a checkpoint holds besides the weights and the optimizer."""
+    step: int = 0                 # steps whose update the weights hold
+    steps: int = 0                # steps planned (0 while the first steps are timed)
+    train_seconds: float = 0.0    # training time so far, over all sessions
+    losses: list[float] = field(default_factory=list)  # the last 200 training losses
+
+
+def save_checkpoint(run_dir: Path, key: dict, model: Llama, opt, state: RunState) -> None:
+    tmp = run_dir / "state.pt.tmp"
+    torch.save({"key": key, "state": asdict(state), "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+    tmp.replace(run_dir / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
+
+
+def load_checkpoint(run_dir: Path, key: dict, note) -> dict | None:
+    path = run_dir / "state.pt"
+    if not path.is_file():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    if saved["key"] != key:
+        raise DataError(f"{path} holds a run with other settings: resume it with those, or pass --restart")
+    note(f"resuming from {path} at step {saved['state']['step']}")
+    return saved
+
+
+def optimizer(model: Llama, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def interrupt(signum, frame):
+    """SIGTERM (kill, a closing session) ends the run as Ctrl-C does: saved, resumable."""
+    raise KeyboardInterrupt
+
+
+def train_base(run_dir: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None,
+               device: str | None = None, stop_at: int | None = None, note=print) -> tuple[Llama, Tokenizer, dict]:
+    """Trains (or resumes) the run in run_dir; returns the model, its tokenizer and a log. stop_at: save
+    and return after that many steps, as an interrupted run would (for tests)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tok, ids, weights, info = prepare_data(run_dir, cfg, corpus, note)
+    model_cfg = LlamaConfig(**asdict(model_cfg or LlamaConfig(**DEEP)))
     model_cfg.vocab_size = tok.get_vocab_size()
     model_cfg.max_position_embeddings = cfg.block_size
     model_cfg.eos_token_id = tok.token_to_id(EOS)
-
-    rng = random.Random(cfg.seed)
-    pairs = proofread_pairs(corpus.train, cfg.seed)
-    pairs = rng.sample(pairs, min(len(pairs), int(cfg.proofread_share * len(corpus.train))))
-    ids, weights = build_stream(tok, corpus.train, pairs, cfg.seed)
+    key = run_key(cfg, model_cfg)
 
     model = Llama(model_cfg)
     model.init_weights(cfg.seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    data = batches(ids, weights, cfg.block_size, cfg.batch_size, np.random.default_rng(cfg.seed))
+    model.to(device)
+    opt = optimizer(model, cfg)
+    state = RunState(steps=cfg.steps)
+    saved = load_checkpoint(run_dir, key, note)
+    if saved:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        state = RunState(**saved["state"])
+        state.steps = cfg.steps or state.steps  # a new --steps extends or shortens the plan
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    timing = (state.step, time.time()) if not state.steps else None  # fix the plan from the speed of steps 3..12
+
+    def save():
+        save_checkpoint(run_dir, key, model, opt, state)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    bar = tqdm(total=state.steps or None, initial=state.step, desc="train-base", unit="step", dynamic_ncols=True)
+    last_save, t_session = time.time(), time.time()
+    seconds_before, first_step = state.train_seconds, state.step
     model.train()
-    losses = []
-    bar = tqdm(range(cfg.steps), desc="train-base", unit="step")
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        x, y, w = next(data)
-        loss = weighted_loss(model, x, y, w)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    try:
+        while not state.steps or state.step < state.steps:
+            if stop_at is not None and state.step >= stop_at:
+                break
+            for group in opt.param_groups:
+                group["lr"] = wsd_lr_at(state.step, state.steps or 10**9, cfg)
+            x, y, w = (t.to(device) for t in batch_at(ids, weights, cfg, state.step))
+            with autocast:
+                loss = weighted_loss(model, x.long(), y.long(), w)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            state.step += 1
+            state.losses = (state.losses + [loss.item()])[-200:]
+            state.train_seconds = seconds_before + time.time() - t_session
+            bar.update(1)
+            if state.step % 5 == 0:
+                tokens = (state.step - first_step) * cfg.batch_size * cfg.block_size
+                bar.set_postfix(loss=f"{np.mean(state.losses[-50:]):.3f}", tok_s=f"{tokens / (time.time() - t_session):.0f}")
+            if timing and state.step == timing[0] + 3:
+                timing = (state.step, time.time())  # the first steps warm up: time the next ones
+            elif timing and state.step == timing[0] + 10:
+                per_step = (time.time() - timing[1]) / 10
+                state.steps = max(state.step + 1, int((cfg.minutes * 60 - state.train_seconds) / per_step) + state.step)
+                bar.total = state.steps
+                bar.refresh()
+                note(f"{per_step:.2f} s per step: {state.steps} steps fit in {cfg.minutes:g} minutes")
+                timing = None
+            if time.time() - last_save > cfg.checkpoint_minutes * 60:
+                save()
+                last_save = time.time()
+    except KeyboardInterrupt:
+        bar.close()
+        save()
+        note(f"interrupted: saved the run after step {state.step} in {run_dir}; run the same command to resume")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    bar.close()
+    save()
     model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    save_llama(model, out)
-    tok.save(str(out / "tokenizer.json"))
-    log = {"train_config": asdict(cfg), "train_seconds": round(time.time() - t0),
-           "train_tokens_in_stream": int(len(ids)), "tokens_seen": cfg.steps * cfg.batch_size * cfg.block_size,
-           "final_train_loss": float(np.mean(losses[-50:])), "parameters": model.num_params(),
-           "corpus": {"train_paragraphs": len(corpus.train), "validation_paragraphs": len(corpus.validation),
-                      "train_files": corpus.files[0], "validation_files": corpus.files[1],
-                      "train_chars": sum(map(len, corpus.train)), "validation_chars": sum(map(len, corpus.validation)),
-                      "proofread_pairs_trained": len(pairs)}}
-    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
-    return log
+    log = {"train_config": asdict(cfg), "device": str(device), "steps": state.step, "train_seconds": round(state.train_seconds),
+           "tokens_seen": state.step * cfg.batch_size * cfg.block_size, "final_train_loss": float(np.mean(state.losses[-50:])),
+           "parameters": model.num_params(), "data": info}
+    return model.cpu(), tok, log
 
 
-def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200) -> dict:
-    """Validation loss and perplexity, the proofread exact-fix rate, and unedited samples."""
-    from .corpus import validation_prompts
+# --- evaluation and the model card ---------------------------------------------------------------
+
+def bits_per_byte(model: Llama, tok: Tokenizer, paragraphs: list[str]) -> float:
+    """Bits per UTF-8 byte of the paragraphs as continue examples (each token of the text, not the end
+    token): comparable across tokenizers. The windows are the model's own context length."""
+    prefix = tok.tasks["continue"]["prefix"]  # tok from load_tokenizer
+    eos = model.config.eos_token_id
+    ids, weights = [], []
+    for p in paragraphs:
+        body = encode_text(tok, p)
+        ids += prefix + body + [eos]
+        weights += [0] * len(prefix) + [1] * len(body) + [0]
+    nats, _ = stream_loss(model, np.array(ids), np.array(weights, dtype=np.float32), model.config.max_position_embeddings)
+    return nats / math.log(2) / sum(len(p.encode("utf-8")) for p in paragraphs)
+
+
+def overlap_f1(got: str, expected: str) -> float:
+    """Word overlap of two strings (lower-cased words, as SQuAD's F1)."""
+    a, b = got.lower().split(), expected.lower().split()
+    common = sum(min(a.count(w), b.count(w)) for w in set(a))
+    if not common:
+        return 0.0
+    precision, recall = common / len(a), common / len(b)
+    return 2 * precision * recall / (precision + recall)
+
+
+def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200, n_summarize: int = 200,
+             against: Path | None = None) -> dict:
+    """Bits per byte on validation text (the whole validation split, and the Python docs' validation
+    text that the first base was measured on), proofread exact-fix, summarize exact-match and word
+    overlap, and unedited samples; with `against` (another base, e.g. the one shipped before), its
+    scores on the same text, sentences and passages."""
+    from .corpus import PYTHON, validation_prompts
+    from .model import load_config
+    from .tasks import encode_prompt, load_tokenizer
+
+    tok = load_tokenizer(out)
+    validation = set(corpus.validation)
+    python_validation = [p for p in load_corpus(PYTHON).validation if p in validation]
+
+    def fits(task: str, text: str) -> bool:  # room for an answer in the context window
+        return len(encode_prompt(tok, task, text)) + 16 <= cfg.block_size
+
+    proofread = [(t, c) for t, c in proofread_pairs(corpus.validation, cfg.seed + 1) if fits("proofread", t)][:n_proofread]
+    passages = [(p, t) for p, t in summary_pairs(corpus.validation_sections) if fits("summarize", p)][:n_summarize]
+    samples = [p for p in validation_prompts(corpus, 3, seed=cfg.seed + 2, tasks=tuple(tok.tasks)) if fits(p["task"], p["prompt"])]
+    texts = {"bits_per_byte": corpus.validation, "bits_per_byte_python_validation": python_validation}
+    v = {**scores(out, texts, proofread, passages, samples), "python_validation_paragraphs": len(python_validation)}
+    if against is not None:
+        c = load_config(against)
+        v["against"] = {"base": f"{against} before ({c['num_hidden_layers']} layers x {c['hidden_size']})",
+                        **scores(against, texts, proofread, passages, [])}
+    return v
+
+
+def scores(directory: Path, texts: dict[str, list[str]], proofread, passages, samples) -> dict:
+    """One base's measures on the given validation text, proofread pairs and summarize passages (a prompt
+    longer than its context window counts as a failure; summarize only if its tokenizer offers it)."""
     from .generate import decode_ar
     from .model import load_llama
     from .tasks import decode, encode_prompt, load_tokenizer
 
-    model, tok = load_llama(out), load_tokenizer(out)
-    eos = model.config.eos_token_id
-    pairs = proofread_pairs(corpus.validation, cfg.seed + 1)
-    loss_c = stream_loss(model, *build_stream(tok, corpus.validation, [], cfg.seed), cfg.block_size)
-    loss_p = stream_loss(model, *build_stream(tok, [], pairs, cfg.seed), cfg.block_size)
-    fixed = 0
-    for typo, correct in pairs[:n_proofread]:
-        prompt = encode_prompt(tok, "proofread", typo)
-        got = decode_ar(model, prompt, min(96, cfg.block_size - len(prompt)), eos)
-        fixed += decode(tok, got.ids) == correct
-    samples = []
-    for p in validation_prompts(corpus, 3, seed=cfg.seed + 2):
-        got = decode_ar(model, encode_prompt(tok, p["task"], p["prompt"]), 48, eos)
-        samples.append({**p, "output": decode(tok, got.ids)})
-    return {"loss_continue": loss_c, "perplexity_continue": math.exp(loss_c), "loss_proofread_answer": loss_p,
-            "proofread_exact_fix": fixed / min(n_proofread, len(pairs)), "proofread_evaluated": min(n_proofread, len(pairs)),
-            "samples": samples}
+    model, tok = load_llama(directory), load_tokenizer(directory)
+    eos, ctx = model.config.eos_token_id, model.config.max_position_embeddings
+
+    def answer(task: str, text: str, most: int = 64) -> str:
+        prompt = encode_prompt(tok, task, text)
+        if len(prompt) >= ctx:
+            return ""
+        return decode(tok, decode_ar(model, prompt, min(most, ctx - len(prompt)), eos).ids).strip()
+
+    v = {name: bits_per_byte(model, tok, paragraphs) for name, paragraphs in texts.items()}
+    v |= {"proofread_exact_fix": sum(answer("proofread", typo) == correct for typo, correct in proofread) / max(1, len(proofread)),
+          "proofread_evaluated": len(proofread)}
+    if "summarize" in tok.tasks:
+        summaries = [(answer("summarize", passage), title) for passage, title in passages]
+        v |= {"summarize_exact": sum(g == t for g, t in summaries) / max(1, len(summaries)),
+              "summarize_overlap_f1": sum(overlap_f1(g, t) for g, t in summaries) / max(1, len(summaries)),
+              "summarize_evaluated": len(summaries)}
+    v["samples"] = [{**p, "output": answer(p["task"], p["prompt"], 48)} for p in samples]
+    return v
 
 
-def train_and_report(out: Path, cfg: TrainConfig) -> dict:
-    """What `train-base` does: train, save, evaluate on validation, write the model card."""
-    corpus = load_corpus()
-    log = train_base(out, cfg, corpus=corpus)
-    log["validation"] = evaluate(out, corpus, cfg)
+def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None, note=print,
+                     model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None, n_eval: int = 200,
+                     against: Path | None = None) -> dict:
+    """What `train-base` does: train (or resume) in run_dir, save to out, evaluate on validation (and
+    `against`, another base, on the same text), write the card. model_cfg, corpus and n_eval (validation
+    prompts per task) make small runs for tests."""
+    unknown = [s for s in cfg.sources if s not in SOURCES]
+    if unknown:
+        raise DataError(f"unknown corpus source {unknown[0]!r}: choose from {', '.join(SOURCES)}")
+    missing = missing_packages(cfg.sources)
+    if missing and not (run_dir / "data.json").is_file():
+        raise DataError(f"the corpus needs Debian's documentation packages: apt-get install {' '.join(missing)}")
+    model, tok, log = train_base(run_dir, cfg, model_cfg, corpus, device=device, note=note)
+    out.mkdir(parents=True, exist_ok=True)
+    save_llama(model, out)
+    tok.save(str(out / "tokenizer.json"))
+    sections = [(h, paras) for h, paras in json.loads((run_dir / "validation.json").read_text())]
+    validation = Corpus([], [p for _, paras in sections for p in paras], (0, 0), validation_sections=sections)
+    note("evaluating on the validation text" + (f" (and {against}, to compare)" if against else ""))
+    log["validation"] = evaluate(out, validation, cfg, n_eval, n_eval, against)
     (out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False) + "\n")
     write_card(out, log)
     return log
 
 
+def validation_table(v: dict) -> str:
+    """The card's validation table: this base, and the base it was compared with when there is one."""
+    other = v.get("against")
+    rows = [("bits per byte, all validation text", "bits_per_byte", "{:.3f}"),
+            (f"bits per byte, the Python docs' validation text ({v['python_validation_paragraphs']} paragraphs)",
+             "bits_per_byte_python_validation", "{:.3f}"),
+            (f"proofread exact-fix rate: greedy output equals the correct sentence ({v['proofread_evaluated']} validation sentences)",
+             "proofread_exact_fix", "{:.1%}"),
+            (f"summarize exact match with the heading ({v.get('summarize_evaluated', 0)} validation passages)", "summarize_exact", "{:.1%}"),
+            ("summarize word-overlap F1 with the heading", "summarize_overlap_f1", "{:.3f}")]
+    head = "| measure | this base |" + (f" `{other['base']}` |" if other else "")
+    lines = [head, "| --- | --- |" + (" --- |" if other else "")]
+    for label, key, fmt in rows:
+        cells = [fmt.format(x[key]) if key in x else "(no such task)" for x in [v] + ([other] if other else [])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_card(out: Path, log: dict) -> None:
     from .model import load_config
 
-    c, v, t = load_config(out), log["validation"], log["train_config"]
-    samples = "\n".join(
-        f"**{s['task']}** - prompt: `{s['prompt']}`\n\n> {s['output']}\n" for s in v["samples"])
+    c, v, t, d = load_config(out), log["validation"], log["train_config"], log["data"]
+    sources = "\n".join(f"| {name} | {s['licence']} | {s['train_files']} / {s['validation_files']} | "
+                        f"{s['train_chars']:,} / {s['validation_chars']:,} |" for name, s in d["sources"].items())
+    samples = "\n".join(f"**{s['task']}** - prompt: `{s['prompt'][:300]}`\n\n> {s['output']}\n" for s in v["samples"])
     (out / "README.md").write_text(f"""# Frozen MTP base model
 
 A small Llama-family causal language model trained from scratch on this machine, the default
-**frozen base** of the Frozen MTP demo. Standard Hugging Face layout: it loads in `transformers`'
-`LlamaForCausalLM` and `PreTrainedTokenizerFast` (`tokenizer.json`). Reproduce it with
-`python -m builder train-base` (seeded).
+**frozen base** of the Frozen MTP demo: deep and thin, like the models that run on phones. Standard
+Hugging Face layout: it loads in `transformers`' `LlamaForCausalLM` and `PreTrainedTokenizerFast`
+(`tokenizer.json`). Reproduce it with `python -m builder train-base` (seeded; resumable).
 
 ## Architecture
 
@@ -223,44 +478,41 @@ A small Llama-family causal language model trained from scratch on this machine,
 | attention | {c['num_attention_heads']} query heads, {c['num_key_value_heads']} key/value heads (grouped-query), head size {c['hidden_size'] // c['num_attention_heads']} |
 | context window | {c['max_position_embeddings']} tokens |
 | vocabulary | {c['vocab_size']} byte-level BPE tokens (`tokenizers`, trained on the training split) |
-| special tokens | `<|endoftext|>` (end of sequence, id {c['eos_token_id']}), `<|continue|>`, `<|proofread|>`, `<|fix|>` |
+| special tokens | `<|endoftext|>` (end of sequence, id {c['eos_token_id']}), `<|continue|>`, `<|proofread|>`, `<|fix|>`, `<|summarize|>`, `<|summary|>` |
+
+Why this shape, the alternatives measured (throughput of each on this machine's CPU, vocabulary sizes)
+and the choice of the summarize task: the project's `docs/deep-base.md`.
 
 ## Data
 
-English prose from the reStructuredText sources of the Python 3.11 documentation, as shipped in
-Debian's `python3.11-doc` package (`/usr/share/doc/python3.11/html/_sources/`), licensed under the
-PSF License Agreement (see `/usr/share/doc/python3.11-doc/copyright`). Only prose paragraphs are kept
-(directives, code, tables and headings dropped, inline markup reduced to text): see `builder/corpus.py`.
+English prose from Debian's documentation packages (`builder/corpus.py`): only prose paragraphs
+(code, tables, navigation and markup dropped), split into train and validation by a hash of each
+file's path (1 in 20 to validation); no validation paragraph is trained on.
 
-| split | files | paragraphs | characters |
+| package | licence | files train / validation | characters train / validation |
 | --- | --- | --- | --- |
-| train | {log['corpus']['train_files']} | {log['corpus']['train_paragraphs']:,} | {log['corpus']['train_chars']:,} |
-| validation (1 file in 20, by hash of its path) | {log['corpus']['validation_files']} | {log['corpus']['validation_paragraphs']:,} | {log['corpus']['validation_chars']:,} |
+{sources}
 
-Two tasks, one prompt format each (`builder/tasks.py`, shared with the site):
+Three tasks, one prompt format each (`builder/tasks.py`, shared with the site):
 
-- `continue`: `<|continue|>{{text}}`, the model continues the text (every training paragraph, ended by `<|endoftext|>`);
-- `proofread`: `<|proofread|>{{text with typos}}<|fix|>`, the model writes the corrected sentence and
-  `<|endoftext|>`. Typos are made from training sentences: dropped, swapped, doubled or substituted
-  letters and common misspellings, 1-3 per sentence ({log['corpus']['proofread_pairs_trained']:,} pairs trained).
+- `continue`: `<|continue|>{{text}}`; trained on every training section (heading and paragraphs);
+- `proofread`: `<|proofread|>{{text with typos}}<|fix|>`, the model writes the corrected sentence
+  ({d['proofread_pairs']:,} pairs trained: dropped, swapped, doubled or substituted letters, common misspellings);
+- `summarize`: `<|summarize|>{{passage}}<|summary|>`, the model writes a short title: the passage is the
+  first paragraphs of a section (400-1600 characters), the summary its heading (a heading of 3 or more
+  words that occurs once in the corpus; {d['summarize_pairs']:,} pairs trained).
 
-Loss is taken only on what the model writes (not on the sentence with typos).
+Loss is taken only on what the model writes. The stream holds {d['stream_tokens'] / 1e6:.1f} M tokens.
 
 ## Training
 
-{t['steps']} AdamW steps of {t['batch_size']} x {t['block_size']} tokens ({log['tokens_seen'] / 1e6:.1f} M tokens
-seen, the stream holds {log['train_tokens_in_stream'] / 1e6:.2f} M), peak learning rate {t['lr']}, cosine decay,
-seed {t['seed']}: **{log['train_seconds'] / 60:.0f} minutes** on a 2-core CPU (fp32). Final training loss
-{log['final_train_loss']:.3f}.
+{log['steps']} AdamW steps of {t['batch_size']} x {t['block_size']} tokens ({log['tokens_seen'] / 1e6:.1f} M tokens seen),
+peak learning rate {t['lr']} (warmup, constant, linear decay over the last {t['cooldown']:.0%}), seed {t['seed']}:
+**{log['train_seconds'] / 60:.0f} minutes** on {log['device']}. Final training loss {log['final_train_loss']:.3f}.
 
 ## Validation
 
-| measure | value |
-| --- | --- |
-| loss, continue text (nats/token) | {v['loss_continue']:.3f} |
-| perplexity, continue text | {v['perplexity_continue']:.1f} |
-| loss, proofread answers | {v['loss_proofread_answer']:.3f} |
-| proofread exact-fix rate (greedy output equals the correct sentence) | {v['proofread_exact_fix']:.1%} of {v['proofread_evaluated']} validation sentences |
+{validation_table(v)}
 
 ## Samples (greedy, unedited, validation prompts)
 

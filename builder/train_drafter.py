@@ -2,12 +2,13 @@
 
 A small Llama-family language model of its own (embeddings, decoder layers, KV cache, prefill), about
 the size of the MTP head, trained by distillation on exactly the head's data: the same training-split
-prompts of both tasks with the frozen base's greedy continuations (`train_head.greedy_continuations`).
+prompts of every task with the frozen base's greedy continuations (`train_head.greedy_continuations`).
 The loss is cross-entropy with the base's full next-token distribution (soft targets, temperature 1)
 at every position, so the drafter learns the base's distribution, not only its argmax.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -19,17 +20,18 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .corpus import load_corpus, validation_prompts
+from .corpus import HEAD_SOURCES, load_corpus, validation_prompts
 from .model import Llama, LlamaConfig, load_llama, save_llama
 from .tasks import load_tokenizer
 from .train_base import lr_at
-from .train_head import HeadTrainConfig, greedy_continuations, make_batches, training_prompts
+from .mtp import base_fingerprint
+from .train_head import HeadTrainConfig, distilled, make_batches, resumable, save_checkpoint, training_prompts
 
 
 @dataclass
 class DrafterTrainConfig:
     seed: int = 0
-    hidden_size: int = 128        # 2 layers of width 128, tied embeddings: 0.87 M parameters, the head's size
+    hidden_size: int = 128        # 2 layers of width 128, tied embeddings: 0.87 M parameters (the 6-layer base's head's size; the deep base's head is 0.47 M)
     layers: int = 2
     intermediate_size: int = 320
     heads: int = 4
@@ -39,6 +41,9 @@ class DrafterTrainConfig:
     lr: float = 3e-3
     warmup: int = 100
     eval_prompts: int = 60        # validation prompts per task for the tau table
+    checkpoint_every: int = 200   # steps between checkpoints (in DRAFTER/checkpoint/, also on Ctrl-C)
+    prompts_per_task: int = HeadTrainConfig.prompts_per_task  # the head's data (smaller in tests)
+    new_tokens: int = HeadTrainConfig.new_tokens
 
 
 def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
@@ -49,43 +54,64 @@ def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
                        bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
 
 
-def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig):
+def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, checkpoint: Path | None = None, note=print):
+    """Distils and trains; with a checkpoint directory, saves there every cfg.checkpoint_every steps and
+    on Ctrl-C, and resumes from it (to the weights of an uninterrupted run) when it holds this run."""
     torch.manual_seed(cfg.seed)
     t0 = time.time()
-    data_cfg = HeadTrainConfig(seed=cfg.seed)  # the head's data, to the prompt
+    data_cfg = HeadTrainConfig(seed=cfg.seed, prompts_per_task=cfg.prompts_per_task, new_tokens=cfg.new_tokens)  # the head's data
     prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
-    data = greedy_continuations(base, prompts, data_cfg.new_tokens, base.config.eos_token_id)
+    fingerprint = base_fingerprint(base)
+    key = {"config": asdict(cfg), "base": fingerprint, "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}
+    saved = resumable(checkpoint, key, note)
+    data = saved["data"] if saved else distilled(base, fingerprint, prompts, data_cfg.new_tokens, note)
     data_seconds = time.time() - t0
 
     drafter = Llama(drafter_config(base.config, cfg))
     drafter.init_weights(cfg.seed)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
+    first, recent, spent, started = 0, [], saved.get("train_seconds", 0) if saved else 0, time.time()
+    if saved:
+        drafter.load_state_dict(saved["weights"])
+        opt.load_state_dict(saved["opt"])
+        first, recent = saved["step"], saved["recent"]
+        for _ in range(first):  # the same batches as an uninterrupted run from here on
+            next(batches)
     drafter.train()
-    bar = tqdm(range(cfg.steps), desc="train-drafter", unit="step")
-    recent = []
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        seqs, valid = next(batches)
-        real = seqs != 0
-        real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
-        with torch.no_grad():
-            target = F.softmax(base(seqs)[0], dim=-1)  # (B, N, V) the base's next-token distribution
-        logits = drafter(seqs)[0]
-        loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1)[real].mean()
-        agree = (logits.argmax(-1) == target.argmax(-1))[valid].float().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        recent = (recent + [(loss.item(), agree.item())])[-50:]
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}",
-                            agree=f"{sum(a for _, a in recent) / len(recent):.2f}")
+    bar = tqdm(range(first, cfg.steps), desc="train-drafter", unit="step", initial=first, total=cfg.steps)
+    done = first  # steps whose update the weights hold
+    try:
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            seqs, valid = next(batches)
+            real = seqs != 0
+            real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
+            with torch.no_grad():
+                target = F.softmax(base(seqs)[0], dim=-1)  # (B, N, V) the base's next-token distribution
+            logits = drafter(seqs)[0]
+            loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1)[real].mean()
+            agree = (logits.argmax(-1) == target.argmax(-1))[valid].float().mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            opt.step()
+            done, recent = step + 1, (recent + [(loss.item(), agree.item())])[-50:]
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}",
+                                agree=f"{sum(a for _, a in recent) / len(recent):.2f}")
+            if checkpoint and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                save_checkpoint(checkpoint, key, data, drafter, opt, done, recent, spent + time.time() - started)
+    except KeyboardInterrupt:
+        bar.close()
+        if checkpoint:
+            save_checkpoint(checkpoint, key, data, drafter, opt, done, recent, spent + time.time() - started)
+            note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
+        raise
     drafter.eval()
     return drafter, {"train_config": asdict(cfg), "data_seconds": round(data_seconds),
-                     "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data),
+                     "train_seconds": round(spent + time.time() - started), "sequences": len(data), "resumed_at_step": first,
                      "final_loss": sum(l for l, _ in recent) / len(recent),
                      "final_agreement_with_base": sum(a for _, a in recent) / len(recent),
                      "drafter_parameters": sum(p.numel() for p in drafter.parameters())}
@@ -97,16 +123,18 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
     from .train_head import measure_acceptance
 
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
-    corpus = load_corpus()
-    drafter, log = train_drafter(base, tok, corpus, cfg)
+    corpus = load_corpus(HEAD_SOURCES)
+    checkpoint = out / "checkpoint"
+    drafter, log = train_drafter(base, tok, corpus, cfg, checkpoint=checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     save_llama(drafter, out)
     shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
     ks = range(1, HeadTrainConfig().k + 1)  # the k of the head's table, for a side-by-side comparison
-    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts), ks,
+    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts, tasks=tuple(tok.tasks)), ks,
                                            drafter=torch_drafter(drafter))
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log)
+    shutil.rmtree(checkpoint, ignore_errors=True)  # the drafter is saved: nothing left to resume
     return log
 
 
@@ -123,9 +151,9 @@ drafter** that Frozen MTP is compared against. Standard Hugging Face layout (`co
 
 | | |
 | --- | --- |
-| parameters | {log['drafter_parameters']:,} (the MTP head in `models/mtp` has 869,632) |
+| parameters | {log['drafter_parameters']:,} (about the MTP head's: see `models/mtp/README.md`) |
 | layers | {c['layers']} decoder layers, width {c['hidden_size']}, MLP {c['intermediate_size']}, {c['heads']} query / {c['kv_heads']} key-value heads, embeddings tied |
-| data | the MTP head's: the same training-split prompts of both tasks with the frozen base's greedy continuations ({log['sequences']:,} sequences) |
+| data | the MTP head's: the same training-split prompts of every task with the frozen base's greedy continuations ({log['sequences']:,} sequences) |
 | loss | cross-entropy with the base's full next-token distribution at every position |
 | training | {c['steps']} steps of {c['batch_size']} sequences, AdamW lr {c['lr']}; {log['data_seconds']} s of data, {log['train_seconds']} s of training on 2 CPU cores |
 | final loss | {log['final_loss']:.3f}; argmax agreement with the base on the base's tokens {log['final_agreement_with_base']:.2f} |

@@ -1,6 +1,6 @@
 """Train the MTP head on the frozen base by self-distillation.
 
-1. Prompts of both tasks from the training split; the base writes its own greedy continuation of each
+1. Prompts of every task from the training split; the base writes its own greedy continuation of each
    (batched by prompt length, so no padding is needed).
 2. For every sequence the frozen base runs once (no gradients) and gives its hidden states and its KV
    cache. Every position t from the last-but-one prompt token on is an anchor, as at decode time: the
@@ -11,7 +11,7 @@
    before it was accepted, i.e. equal to the base's token, so on every chain that counts the two agree.
 3. The base's parameters have requires_grad off and are checked bit-for-bit unchanged at the end.
 
-Data: the built-in corpus (the Python docs) or the user's own text files (`--data`, builder/corpus.py),
+Data: the built-in corpus (corpus.HEAD_SOURCES: eight Debian documentation packages) or the user's own text files (`--data`, builder/corpus.py),
 whose held-back paragraphs give the final tau table. Runs on CUDA when there is one, else the CPU.
 Every `checkpoint_every` steps, and on Ctrl-C, the head, the optimizer and the step are saved in
 HEAD_DIR/checkpoint/ (with the distilled data); a later run with the same settings, base and data
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .corpus import Corpus, load_corpus, load_text_corpus, proofread_pairs, validation_prompts
+from .corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, proofread_pairs, summary_pairs, validation_prompts
 from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
 from .model import Llama, load_llama
 from .mtp import HeadConfig, MTPHead, base_fingerprint, save_head
@@ -44,7 +44,7 @@ from .train_base import lr_at
 class HeadTrainConfig:
     seed: int = 0
     k: int = 6                    # draft chain length trained
-    prompts_per_task: int = 6000  # self-distillation prompts per task
+    prompts_per_task: int = 4000  # self-distillation prompts per task (12,000 sequences with three tasks)
     new_tokens: int = 64          # greedy tokens the base writes per prompt (proofread stops at its end token)
     batch_size: int = 16          # sequences per step
     steps: int = 3000
@@ -53,12 +53,14 @@ class HeadTrainConfig:
     weight_decay: float = 0.0
     eval_prompts: int = 60        # validation prompts per task for the tau table
     checkpoint_every: int = 100   # steps between checkpoints
+    targets: str = "greedy"       # "greedy": the base's token; "distribution": its whole next-token distribution
 
 
 # --- 1. the base's own continuations --------------------------------------------------------------
 
 def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
-    """Prompt ids of both tasks from the training split: continue prefixes of 4-40 tokens, proofread pairs."""
+    """Prompt ids of every task from the training split: continue prefixes of 4-40 tokens, proofread
+    sentences with typos, summarize passages (n of each, or as many as there are)."""
     rng = random.Random(seed)
     prompts = []
     prefix = tok.tasks["continue"]["prefix"]
@@ -69,6 +71,10 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
     pairs = proofread_pairs(corpus.train, seed + 1000)
     for typo, _ in rng.sample(pairs, min(n, len(pairs))):
         prompts.append(encode_prompt(tok, "proofread", typo))
+    if "summarize" in tok.tasks:  # passages of the training sections (none in a user's plain text files)
+        passages = summary_pairs(corpus.train_sections)
+        for passage, _ in rng.sample(passages, min(n, len(passages))):
+            prompts.append(encode_prompt(tok, "summarize", passage))
     return prompts
 
 
@@ -101,35 +107,70 @@ def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int,
     return out
 
 
+DISTILL_CACHE = Path(__file__).resolve().parent.parent / "build" / "distill"
+
+
+def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_tokens: int, note=print):
+    """greedy_continuations, kept in build/distill/ by (base, prompts, length): train-head and
+    train-drafter distil the same data, and on this CPU that is a quarter of each one's time."""
+    key = hashlib.sha256(json.dumps([fingerprint, prompts, new_tokens]).encode()).hexdigest()[:20]
+    path = DISTILL_CACHE / f"{key}.pt"
+    if path.is_file():
+        note(f"reusing the base's continuations from {path}")
+        return torch.load(path, weights_only=True)
+    data = greedy_continuations(base, prompts, new_tokens, base.config.eos_token_id)
+    DISTILL_CACHE.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return data
+
+
 # --- 2. training ---------------------------------------------------------------------------------
 
-def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int):
-    """Mean cross-entropy over the k draft positions of every anchor.
+def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
+               counts: list[int] | None = None, targets: str = "greedy"):
+    """Cross-entropy over the k draft positions of every anchor: at each draft position, the sum over
+    anchors divided by counts[j - 1] (default: the targets counted here, i.e. the mean), averaged over
+    positions. With the counts of a whole batch, the losses of its parts add up to the batch's loss.
 
     seqs (B, N) token ids; valid (B, N) True where the token is one the base wrote (a target).
+    targets "greedy": cross-entropy with the base's token; "distribution": with the base's whole
+    next-token distribution there (soft targets, as the drafter learns).
     Returns the loss and, per draft position, (correct, counted) for accuracy.
     """
     B, N = seqs.shape
     with torch.no_grad():
-        _, hidden, cache = base(seqs)
+        base_logits, hidden, cache = base(seqs)
     base_k, base_v = cache[head.config.kv_layer]
-    mask = torch.ones(N, N, dtype=torch.bool, device=seqs.device).tril()  # anchor t reads base positions <= t
+    # anchors before a0 draft no target (their whole chain lies in the prompt): a long prompt (summarize)
+    # would otherwise spend most of the step on them
+    a0 = max(0, int(valid.any(0).nonzero()[0]) - k - 1) if valid.any() else 0
+    anchors = torch.arange(a0, N, device=seqs.device)
+    mask = torch.arange(N, device=seqs.device)[None] <= anchors[:, None]  # anchor t reads base positions <= t
     embed = base.model.embed_tokens
-    h, chain, total, stats = hidden, [], 0.0, []
-    pad = lambda t, j: F.pad(t[:, j:], (0, j))  # noqa: E731  shift left by j, zero-padded
+    h, chain, total, stats = hidden[:, a0:], [], 0.0, []
+    pad = lambda t, j: F.pad(t[:, j:], (0, j))[:, a0:]  # noqa: E731  shift left by j, zero-padded, from a0
     for j in range(1, k + 1):
-        h = head.step(h, embed(pad(seqs, j)), torch.arange(N, device=seqs.device) + j, base_k, base_v, mask, chain)
-        logits = base.lm_head(h)  # (B, N, V)
+        h = head.step(h, embed(pad(seqs, j)), anchors + j, base_k, base_v, mask, chain)
+        logits = base.lm_head(h)  # (B, N - a0, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
-        loss = F.cross_entropy(logits[ok], target[ok]) if ok.any() else logits.sum() * 0
+        count = counts[j - 1] if counts else int(ok.sum())
+        if not ok.any():
+            loss = logits.sum() * 0
+        elif targets == "distribution":  # the base's distribution of the token at t + j + 1: its logits at t + j
+            soft = F.softmax(F.pad(base_logits[:, j:], (0, 0, 0, j))[:, a0:][ok], dim=-1)
+            loss = -(soft * F.log_softmax(logits[ok], dim=-1)).sum() / max(1, count)
+        else:
+            loss = F.cross_entropy(logits[ok], target[ok], reduction="sum") / max(1, count)
         total = total + loss
         stats.append((int((logits[ok].argmax(-1) == target[ok]).sum()), int(ok.sum())))
     return total / k, stats
 
 
 def make_batches(data, batch: int, rng: random.Random):
-    """Endless batches of similar length, right-padded (causal attention ignores the padding)."""
-    data = sorted(data, key=lambda d: len(d[1]))
+    """Endless batches of similar length, right-padded (causal attention ignores the padding). The order
+    depends on the data's content only, not on the order it came in (distilled by one process or several)."""
+    data = sorted(data, key=lambda d: (len(d[1]), d[1], d[0]))
     groups = [data[i:i + batch] for i in range(0, len(data), batch)]
     while True:
         rng.shuffle(groups)
@@ -143,23 +184,78 @@ def make_batches(data, batch: int, rng: random.Random):
             yield seqs, valid
 
 
+class Objective(torch.nn.Module):
+    """The head's training loss as a module, what DistributedDataParallel wraps. The frozen base is an
+    argument, not a submodule: DDP neither broadcasts nor reduces it."""
+
+    def __init__(self, head: MTPHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, base: Llama, seqs, valid, k: int, counts: list[int], targets: str):
+        return chain_loss(self.head, base, seqs, valid, k, counts, targets)
+
+
+def processes() -> tuple[int, int]:
+    """(rank, world size): (0, 1) alone, else what torchrun set up (see join_processes)."""
+    import torch.distributed as dist
+
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def join_processes(device: str) -> str:
+    """Under torchrun (WORLD_SIZE in the environment) joins the process group: NCCL on GPUs, one per
+    process (LOCAL_RANK), gloo on CPUs. Returns the device this process trains on."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return device
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+        return f"cuda:{torch.cuda.current_device()}"
+    dist.init_process_group("gloo")
+    return device
+
+
+def distil_together(base: Llama, prompts: list[list[int]], new_tokens: int) -> list:
+    """Under torchrun: each process distils every world-th prompt, and every process gets all of it."""
+    import torch.distributed as dist
+
+    rank, world = processes()
+    parts = [None] * world
+    dist.all_gather_object(parts, greedy_continuations(base, prompts[rank::world], new_tokens, base.config.eos_token_id))
+    return [d for part in parts for d in part]
+
+
 def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None,
                checkpoint: Path | None = None, note=print):
     """Trains a head on the frozen base (on the base's device). With a checkpoint directory, saves
     there every cfg.checkpoint_every steps and on Ctrl-C, and resumes from it when it holds a run
-    with the same settings, base and data."""
+    with the same settings, base and data.
+
+    Under torchrun every process takes its share of each batch (rows rank, rank + world, ..) and DDP
+    sums the gradients, so N processes train what one process does with the same batch size; rank 0
+    writes the checkpoints (a resumed run reads them on every process: one machine or a shared disk)."""
     torch.manual_seed(cfg.seed)
+    rank, world = processes()
     for p in base.parameters():
         p.requires_grad_(False)
     before = base_fingerprint(base)
     device = next(base.parameters()).device
     t0 = time.time()
-    eos = base.config.eos_token_id
     prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed)
     key = {"config": asdict(cfg), "base": before,
            "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}  # what a resumed run must share
     saved = resumable(checkpoint, key, note)
-    data = saved["data"] if saved else greedy_continuations(base, prompts, cfg.new_tokens, eos)
+    if saved:
+        data = saved["data"]
+    elif world > 1:
+        data = distil_together(base, prompts, cfg.new_tokens)
+    else:
+        data = distilled(base, before, prompts, cfg.new_tokens, note)
     data_seconds = time.time() - t0
 
     head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k))
@@ -169,31 +265,41 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     head.to(device)
+    model = Objective(head)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
-    first, recent = 0, []
+    first, recent, spent, started = 0, [], saved.get("train_seconds", 0) if saved else 0, time.time()
     if saved:
-        head.load_state_dict(saved["head"])
+        head.load_state_dict(saved["weights"])
         opt.load_state_dict(saved["opt"])
         first, recent = saved["step"], saved["recent"]
         for _ in range(first):  # the same batches as an uninterrupted run from here on
             next(batches)
 
     def save(steps: int) -> None:
-        if checkpoint:
-            save_checkpoint(checkpoint, key, data, head, opt, steps, recent)
+        if checkpoint and rank == 0:
+            save_checkpoint(checkpoint, key, data, head, opt, steps, recent, spent + time.time() - started)
 
     head.train()
-    bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps)
+    bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps, disable=rank > 0)
     done = first  # steps whose update the weights hold
     try:
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            seqs, valid = (t.to(device) for t in next(batches))
-            loss, stats = chain_loss(head, base, seqs, valid, cfg.k)
+            seqs, valid = next(batches)
+            counts = [int(valid[:, j + 1:].sum()) for j in range(1, cfg.k + 1)]  # the whole batch's targets
+            seqs, valid = (t[rank::world].to(device) for t in (seqs, valid))  # this process's share
+            loss, stats = model(base, seqs, valid, cfg.k, counts, cfg.targets)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * world).backward()  # DDP averages the processes' gradients: times world, they add up
+            if world > 1:
+                import torch.distributed as dist
+
+                loss = loss.detach()
+                dist.all_reduce(loss)  # the batch's loss, for the progress bar
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
             done, recent = step + 1, (recent + [(loss.item(), stats)])[-50:]
@@ -204,7 +310,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                 save(done)
     except KeyboardInterrupt:
         bar.close()
-        if checkpoint:
+        if checkpoint and rank == 0:
             save(done)
             note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
         raise
@@ -214,20 +320,23 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     head.config.base_fingerprint = before
     return head, {"train_config": asdict(cfg), "device": str(device), "resumed_at_step": first,
                   "data_seconds": round(data_seconds),
-                  "train_seconds": round(time.time() - t0 - data_seconds), "sequences": len(data),
+                  "train_seconds": round(spent + time.time() - started), "sequences": len(data),  # over resumes
                   "distilled_tokens": sum(len(s) - p for p, s in data),
-                  # tokens (prompt and continuation) of the steps this run trained, resumed ones not counted
-                  "trained_tokens": (cfg.steps - first) * cfg.batch_size * sum(len(s) for _, s in data) / len(data),
+                  # tokens (prompt and continuation) of every step the head trained (about: mean length)
+                  "trained_tokens": cfg.steps * cfg.batch_size * sum(len(s) for _, s in data) / len(data),
                   "final_loss": sum(l for l, _ in recent) / len(recent),
                   "head_parameters": head.num_params(), "base_parameters": sum(p.numel() for p in base.parameters()),
                   "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
 
 
-def save_checkpoint(directory: Path, key: dict, data, head: MTPHead, opt, step: int, recent) -> None:
+def save_checkpoint(directory: Path, key: dict, data, model: torch.nn.Module, opt, step: int, recent,
+                    train_seconds: float) -> None:
+    """The run after `step` steps (train-head and train-drafter): settings key, data, weights, optimizer,
+    and the seconds of training so far (summed over resumes, for the model card)."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / "state.pt.tmp"
-    torch.save({"key": key, "step": step, "recent": recent, "data": data, "head": head.state_dict(),
-                "opt": opt.state_dict()}, tmp)
+    torch.save({"key": key, "step": step, "recent": recent, "data": data, "weights": model.state_dict(),
+                "opt": opt.state_dict(), "train_seconds": train_seconds}, tmp)
     tmp.replace(directory / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
 
 
@@ -252,11 +361,13 @@ def resumable(directory: Path | None, key: dict, note) -> dict | None:
 
 def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, **source) -> dict:
     """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy.
-    source: head=... or drafter=..., as TorchBackend takes them."""
-    eos = base.config.eos_token_id
+    source: head=... or drafter=..., as TorchBackend takes them. A prompt that leaves no room for
+    max_new_tokens in the context window (a long summarize passage) is left out; "prompts" counts the rest."""
+    eos, room = base.config.eos_token_id, base.config.max_position_embeddings - max_new_tokens
     table = {}
     for task in sorted({p["task"] for p in prompts}):
         items = [encode_prompt(tok, task, p["prompt"]) for p in prompts if p["task"] == task]
+        items = [ids for ids in items if len(ids) <= room]
         refs = [decode_ar(base, ids, max_new_tokens, eos) for ids in items]
         for k in ks:
             accepted, mismatches, near_ties = [], 0, 0
@@ -277,21 +388,32 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
                      device: str | None = None, restart: bool = False, note=print) -> dict:
     """What `train-head` does: distil, train, check the base, save, measure, write the model card.
     data: the user's text files (default: the built-in corpus); device: "cuda" when available, else "cpu"."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda":
+    device = join_processes(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, world = processes()
+    if device.startswith("cuda"):
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the distilled targets need not be bit-exact
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
-    corpus = load_text_corpus(data) if data else load_corpus()
+    corpus = load_text_corpus(data) if data else load_corpus(HEAD_SOURCES)
     checkpoint = out / "checkpoint"
     if restart and checkpoint.exists():
         shutil.rmtree(checkpoint)
-    note(f"training a head for {base_dir} on {device}, data: {data or 'the built-in corpus (Python docs)'}")
+    if rank > 0:
+        note = lambda msg: None  # noqa: E731  rank 0 speaks for all
+    note(f"training a head for {base_dir} on {device}" + (f" x {world} processes" if world > 1 else "")
+         + f", data: {data or 'the built-in corpus (' + ', '.join(HEAD_SOURCES) + ')'}")
     head, log = train_head(base.to(device), tok, corpus, cfg, checkpoint=checkpoint, note=note)
+    log["processes"] = world
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        if rank > 0:
+            return log  # rank 0 saves the head, measures it and writes the card
     base, head = base.cpu(), head.cpu()
     log.update(base=str(base_dir), data=str(data or "built-in corpus"))
     save_head(head, out)
     note(f"measuring tau on {cfg.eval_prompts} held-back prompts per task")
-    prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)))
+    prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)), tasks=tuple(tok.tasks))
     log["acceptance"] = measure_acceptance(base, tok, prompts, range(1, head.config.k_train + 1), head=head)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log, head.config)
@@ -328,8 +450,8 @@ head and keeps no cache over the prompt: no prefill.
 
 ## Training (self-distillation, base frozen)
 
-{t['prompts_per_task']} training-split prompts per task (`continue` prefixes and `proofread` sentences with
-typos); the base wrote its own greedy continuation of each ({log['sequences']} sequences, {log['distilled_tokens']:,}
+{t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, `proofread`
+sentences with typos, `summarize` passages); the base wrote its own greedy continuation of each ({log['sequences']} sequences, {log['distilled_tokens']:,}
 tokens, {log['data_seconds']} s). The head was trained to predict the base's greedy token at each of the
 {t['k']} draft positions of every anchor, its own hidden state fed back: {t['steps']} AdamW steps of
 {t['batch_size']} sequences, lr {t['lr']}, seed {t['seed']}, **{log['train_seconds'] / 60:.0f} minutes** on a 2-core CPU.

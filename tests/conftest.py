@@ -2,6 +2,8 @@
 export, the built site in headless Chromium) and the helpers test modules share."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,8 +20,9 @@ BASE_DIR = ROOT / "models" / "base"
 HEAD_DIR = ROOT / "models" / "mtp"
 DRAFTER_DIR = ROOT / "models" / "drafter"
 SHIPPED = Checkpoints(BASE_DIR, HEAD_DIR, DRAFTER_DIR)
+CONTEXT = json.loads((BASE_DIR / "config.json").read_text())["max_position_embeddings"]  # the shipped base's window
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))  # both cores, unless told otherwise
 
 
 def run(*args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProcess:
@@ -48,6 +51,14 @@ def check_steps(accepted: list[int], n_ids: int, stopped: str):
         assert sum(decided) == n_ids, f"stopped at {stopped}: {n_ids} tokens from steps deciding {decided}"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def distill_cache(tmp_path_factory):
+    """Head and drafter training in tests keep the base's continuations in a temporary folder, not build/."""
+    import builder.train_head
+
+    builder.train_head.DISTILL_CACHE = tmp_path_factory.mktemp("distill")
+
+
 @pytest.fixture(scope="session")
 def base():
     from builder.model import load_llama
@@ -70,10 +81,11 @@ def corpus():
 
 
 @pytest.fixture(scope="session")
-def validation_prompts(corpus):
+def validation_prompts(corpus, tokenizer):
+    """30 per task the shipped base offers: continue [0:30], proofread [30:60], summarize [60:]."""
     from builder.corpus import validation_prompts
 
-    return validation_prompts(corpus, 30)
+    return validation_prompts(corpus, 30, tasks=tuple(tokenizer.tasks))
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +96,68 @@ def onnx_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("onnx")
     export(SHIPPED, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Checkpoints:
+    """A tiny random base with the shipped tokenizer (2 layers x 64, the shipped context window), a random
+    head and a random drafter for it: the page's mechanics (zero-copy, faults, long sessions on WebGPU) in
+    seconds of SwiftShader, where the shipped 24-layer base takes about a second a pass. Its weights are
+    scaled up so that its greedy text varies and its top two logits stay far apart (margins of 0.2 and
+    more, against float differences of 1e-4 between backends): its output is checked against the torch
+    reference like the shipped model's."""
+    from builder.model import Llama, LlamaConfig, load_config, save_llama
+    from builder.mtp import HeadConfig, MTPHead, base_fingerprint, save_head
+
+    root = tmp_path_factory.mktemp("tiny")
+    shipped = load_config(BASE_DIR)
+    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 vocab_size=shipped["vocab_size"], max_position_embeddings=shipped["max_position_embeddings"],
+                 eos_token_id=shipped["eos_token_id"], tie_word_embeddings=True)
+    for name, layers in (("base", 2), ("drafter", 1)):
+        model = Llama(LlamaConfig(num_hidden_layers=layers, **small))
+        model.init_weights(seed=layers)
+        with torch.no_grad():  # embeddings of unit scale, layers strong enough to change the next token
+            for weight_name, p in model.named_parameters():
+                if p.dim() >= 2:
+                    p.mul_(50 if "embed" in weight_name else 12)
+        save_llama(model, root / name)
+        shutil.copyfile(BASE_DIR / "tokenizer.json", root / name / "tokenizer.json")
+        if name == "base":
+            base = model
+    head = MTPHead(HeadConfig.for_base(base.config, k_train=6))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    head.config.base_fingerprint = base_fingerprint(base)
+    save_head(head, root / "mtp")
+    return Checkpoints(root / "base", root / "mtp", root / "drafter")
+
+
+@pytest.fixture(scope="session")
+def tiny_site(tiny, tmp_path_factory):
+    from builder.site import build
+
+    out = tmp_path_factory.mktemp("tiny-site")
+    build(tiny, out, tmp_path_factory.mktemp("tiny-onnx"), note=lambda msg: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_url(tiny_site):
+    from builder.browser import served
+
+    with served(tiny_site) as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tiny):
+    from builder.model import load_llama
+
+    return load_llama(tiny.base)
 
 
 # ---------------------------------------------------------------- the built site in headless Chromium

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from builder.tasks import load_tokenizer
 from tests.conftest import BASE_DIR, run
 
 
@@ -16,7 +17,8 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     rows = data["results"]
     assert all(keys <= set(row) for row in rows)
     combos = {(row["runtime"], row["task"], row["mode"], row["k"]) for row in rows}
-    assert len(combos) == 2 * 2 * 5, "runtimes x tasks x (ar, mtp k=1,3, drafter k=1,3)"
+    tasks = load_tokenizer(BASE_DIR).tasks  # those the shipped base offers
+    assert len(combos) == 2 * len(tasks) * 5, "runtimes x tasks x (ar, mtp k=1,3, drafter k=1,3)"
     for row in rows:
         assert row["tokens_per_s"] > 0 and len(row["tokens_per_s_rounds"]) == 2
         assert row["mismatches"] == 0, row
@@ -33,8 +35,12 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     assert "torch" not in data["profile"]
     for what in ("base T=1", "base T=2", "base T=4", "head k=1", "head k=3", "drafter T=1"):
         assert prof[what]["median_ms"] > 0 and prof[what]["runs"] > 0, what
+    nodes = data["graph_nodes"]  # a graph's cost on a launch-bound runtime follows its node count
+    assert set(nodes) == {"base", "drafter", *(f"head_k{k}" for k in range(1, 7))}, nodes
+    assert all(n > 0 for n in nodes.values()) and nodes["head_k6"] > nodes["head_k1"]
     report = (out.parent / "bench.md").read_text()
     assert "| torch | continue |" in report and "## Memory" in report
     assert "## Where a step's time goes (onnx-cpu" in report and "\n| 3 | " in report
+    assert f"Operator nodes per graph: base {nodes['base']}; head k=1 {nodes['head_k1']}," in report
     for png in ("tokens_per_s.png", "acceptance.png", "speed_vs_k.png"):
         assert (out.parent / png).read_bytes()[:4] == b"\x89PNG"

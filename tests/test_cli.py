@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import BASE_DIR, ROOT, expect_error, run
+from tests.conftest import BASE_DIR, CONTEXT, ROOT, expect_error, run
 
 
 def test_generate_json_has_the_contract_fields(base):
@@ -37,20 +37,20 @@ def test_empty_prompt_is_a_clear_error():
 
 
 def test_prompt_too_long_for_the_context_window_is_a_clear_error():
-    expect_error(run("generate", "--prompt", "word " * 300), "context window of 256 tokens", "shorten it")
+    expect_error(run("generate", "--prompt", "word " * (CONTEXT + 40)), f"context window of {CONTEXT} tokens", "shorten it")
 
 
 def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
-    r = run("generate", "--prompt", "word " * 250, "--max-new-tokens", "1000", "--json")
+    r = run("generate", "--prompt", "word " * (CONTEXT - 6), "--max-new-tokens", "1000", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert len(out["prompt_ids"]) + len(out["ids"]) <= 256
+    assert len(out["prompt_ids"]) + len(out["ids"]) <= CONTEXT
     assert out["stopped"] in ("context-window", "end-of-sequence")
     if out["stopped"] == "context-window":
-        assert len(out["prompt_ids"]) + len(out["ids"]) == 256
-    r = run("generate", "--prompt", "word " * 250, "--max-new-tokens", "1000")
+        assert len(out["prompt_ids"]) + len(out["ids"]) == CONTEXT
+    r = run("generate", "--prompt", "word " * (CONTEXT - 6), "--max-new-tokens", "1000")
     assert r.returncode == 0 and r.stderr.strip() in (
-        "[stopped: the prompt and the new tokens fill the context window of 256 tokens]", "[the model ended the text]")
+        f"[stopped: the prompt and the new tokens fill the context window of {CONTEXT} tokens]", "[the model ended the text]")
 
 
 @pytest.mark.parametrize("args, fragments", [

@@ -65,3 +65,84 @@ def test_bad_prompts_are_rejected(tokenizer):
         encode_prompt(tokenizer, "continue", "   \n")
     with pytest.raises(PromptError, match="unknown task"):
         encode_prompt(tokenizer, "summarise", "text")
+
+
+def test_html_keeps_prose_and_headings_and_drops_code_tables_and_navigation():
+    from builder.corpus import html_sections
+
+    page = """<html><body><div class="sphinxsidebar"><p>Navigation text that is long enough to look like a paragraph.</p></div>
+    <h1>9.7. Pattern Matching<a class="headerlink" href="#x">¶</a></h1>
+    <p>There are three separate approaches to pattern matching provided by the <code>LIKE</code> operator.</p>
+    <pre>SELECT 'abc' LIKE 'abc';    -- a code block that ends with a period.</pre>
+    <table><tr><td>A table cell that is long enough to look like a paragraph of prose.</td></tr></table>
+    <h2>Second &amp; last</h2><div class="para">Publican writes its paragraphs as divisions, and they are prose too.</div>
+    </body></html>"""
+    assert html_sections(page) == [
+        ("Pattern Matching", ["There are three separate approaches to pattern matching provided by the LIKE operator."]),
+        ("Second & last", ["Publican writes its paragraphs as divisions, and they are prose too."])]
+
+
+def test_pod_keeps_prose_and_reduces_formatting_codes():
+    from builder.corpus import pod_sections
+
+    pod = ("package Foo;\nuse strict;\n\n=head1 NAME\n\nFoo - a module\n\n=head2 How do I sort a hash by value?\n\n"
+           "Use the B<sort> function with C<< $a <=> $b >> and see L<perlfunc/sort> for the details of it.\n\n"
+           "    my @keys = sort { $h{$a} <=> $h{$b} } keys %h;\n\n=cut\n\nsub foo { 1 }\n\n"
+           "This code paragraph comes after the cut and is not documentation at all.\n")
+    assert pod_sections(pod) == [("How do I sort a hash by value?",
+                                  ["Use the sort function with $a <=> $b and see perlfunc sort for the details of it."])]
+
+
+def test_rst_sections_keep_their_headings(corpus):
+    from builder.corpus import rst_sections
+
+    src = ("Title of it\n===========\n\nThe first paragraph is long enough to count as prose, it ends here.\n\n"
+           "Another one\n-----------\n\nThe second section also has a paragraph long enough to be prose.\n")
+    assert [h for h, _ in rst_sections(src)] == ["Title of it", "Another one"]
+    assert corpus.train_sections and sum(len(p) for _, p in corpus.validation_sections) == len(corpus.validation)
+
+
+def test_summary_pairs_are_a_passage_and_its_heading(corpus):
+    from builder.corpus import PASSAGE_CHARS, summary_pairs
+
+    pairs = summary_pairs(corpus.train_sections)
+    assert len(pairs) > 300
+    for passage, title in pairs[:200]:
+        assert PASSAGE_CHARS[0] <= len(passage) <= PASSAGE_CHARS[1] and len(title.split()) >= 3
+    repeated = [("Return values of it", ["x" * 500]), ("Return values of it", ["y" * 500])]
+    assert summary_pairs(repeated) == [], "a heading used by several sections summarizes none of them"
+
+
+def test_other_sources_leave_pythons_validation_text_in_validation(tmp_path, monkeypatch, corpus):
+    from builder import corpus as corpus_module
+
+    (tmp_path / "a.html").write_text("<p>" + " ".join(["Some other documentation prose."] * 3) + "</p>")
+    (tmp_path / "b.html").write_text("<p>" + corpus.validation[0] + "</p>")  # Python's text in another source
+    monkeypatch.setitem(corpus_module.SOURCES, "other-doc", corpus_module.Source("other-doc", str(tmp_path), "*.html", "html", "test"))
+    both = corpus_module.load_corpus(("python3.11-doc", "other-doc"))
+    assert set(corpus.validation) <= set(both.validation) | set(both.train)
+    assert set(corpus.validation) - {corpus.validation[0]} <= set(both.validation), "Python's validation files moved"
+    assert not set(both.train) & set(both.validation)
+    assert both.sources["other-doc"]["train_files"] + both.sources["other-doc"]["validation_files"] == 2
+
+
+def test_summarize_prompt_format(tokenizer, tmp_path):
+    from builder.tasks import prompt_formats
+    from builder.train_base import train_tokenizer
+
+    from tokenizers import Tokenizer
+
+    from builder.tasks import TaskTokenizer
+
+    ids = encode_prompt(tokenizer, "summarize", "A passage.")  # the shipped base offers the task
+    assert ids[0] == tokenizer.token_to_id("<|summarize|>") and ids[-1] == tokenizer.token_to_id("<|summary|>")
+    # a tokenizer of builder's kind without the summarize markers (as the first base had) does not
+    old = Tokenizer.from_str(tokenizer.to_str().replace("<|summarize|>", "<|a|>").replace("<|summary|>", "<|b|>"))
+    old = TaskTokenizer(old, prompt_formats(old, None))
+    assert set(old.tasks) == {"continue", "proofread"}
+    with pytest.raises(PromptError, match="does not offer"):
+        encode_prompt(old, "summarize", "A passage.")
+    tok = train_tokenizer(["Some text to learn a few merges from."] * 5, 300)
+    tok.tasks = prompt_formats(tok, None)
+    ids = encode_prompt(tok, "summarize", "A passage.")
+    assert ids[0] == tok.token_to_id("<|summarize|>") and ids[-1] == tok.token_to_id("<|summary|>")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from builder.drafter import load_drafter, torch_drafter
 from builder.generate import TorchBackend, compare_to_reference, decode, decode_ar
@@ -19,11 +20,13 @@ def drafter(base):
     return load_drafter(DRAFTER_DIR, base)
 
 
-def test_drafter_is_a_separate_model_about_the_heads_size(base, drafter):
+def test_drafter_is_a_separate_model_no_smaller_than_the_head(base, drafter):
     head = load_head(HEAD_DIR, base)
     n_drafter = sum(p.numel() for p in drafter.parameters())
     n_head = head.num_params()
-    assert abs(n_drafter - n_head) / n_head < 0.1, (n_drafter, n_head)
+    # the baseline is no smaller than the head (2 layers x 128; the deep base's one-layer head is 192 wide
+    # with a shared LM head, 0.47 M against 0.87 M): a bigger drafter makes MTP's comparison harder, not easier
+    assert n_head <= n_drafter <= 2 * n_head, (n_drafter, n_head)
     assert drafter.config.vocab_size == base.config.vocab_size
     assert drafter.model.embed_tokens.weight.shape == (base.config.vocab_size, drafter.config.hidden_size)
     base_storage = {p.untyped_storage().data_ptr() for p in base.parameters()}
@@ -92,3 +95,36 @@ def test_a_drafter_with_another_vocabulary_is_refused(tmp_path):
     expect_error(r, "vocab_size", "cannot draft for this base")
     with pytest.raises(CheckpointError):
         load_drafter(tmp_path / "drafter", Llama(LlamaConfig()))
+
+
+def test_interrupted_drafter_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch):
+    """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
+    uninterrupted run (the drafter trains on the head's data: the base's continuations of the same prompts)."""
+    import builder.train_drafter as td
+    from builder.train_drafter import DrafterTrainConfig, train_drafter
+    from tests.test_mtp import tiny_setup
+
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    cfg = DrafterTrainConfig(hidden_size=32, intermediate_size=64, heads=4, kv_heads=2, batch_size=4, steps=8,
+                             checkpoint_every=3, prompts_per_task=8, new_tokens=8)
+    straight, log = train_drafter(tiny, tok, small, cfg)
+    assert log["sequences"] == 16 and log["resumed_at_step"] == 0
+
+    calls, real_lr = [], td.lr_at
+
+    def interrupt_at_fifth_step(*args):  # lr_at runs once at the start of every step
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_lr(*args)
+
+    notes = []
+    monkeypatch.setattr(td, "lr_at", interrupt_at_fifth_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(tiny, tok, small, cfg, checkpoint=tmp_path / "ckpt", note=notes.append)
+    monkeypatch.setattr(td, "lr_at", real_lr)
+    assert "saved the run after step 4" in notes[-1]
+    resumed, log = train_drafter(tiny, tok, small, cfg, checkpoint=tmp_path / "ckpt", note=notes.append)
+    assert log["resumed_at_step"] == 4
+    for name, t in straight.state_dict().items():
+        assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"

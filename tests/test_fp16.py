@@ -53,7 +53,8 @@ def test_cli_fp16_needs_the_onnx_backend():
     expect_error(run("generate", "--prompt", "Lists are", "--precision", "fp16"), "--backend onnx")
 
 
-def test_page_picks_fp16_only_with_shader_f16(browser, url):
+def test_page_picks_fp16_only_with_shader_f16(browser, tiny_url):
+    url = tiny_url  # what the page picks, not what the model writes: the tiny random model loads in seconds
     page = Page(browser, url, "index.html?backend=webgpu")
     try:
         has_f16 = page.page.evaluate("async () => (await navigator.gpu.requestAdapter()).features.has('shader-f16')")
@@ -100,5 +101,6 @@ def test_page_fp16_mtp_equals_page_fp16_plain(browser, url, validation_prompts):
         page.close()
 
 
-def test_page_rejects_an_unknown_precision(browser, url):
+def test_page_rejects_an_unknown_precision(browser, tiny_url):
+    url = tiny_url
     assert 'unknown precision "fp8"' in load_error(browser, url, "backend=wasm&precision=fp8")

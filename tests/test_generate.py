@@ -38,7 +38,7 @@ def test_new_tokens_are_clamped_to_the_context_window(base):
     assert room([1] * (ctx - 8), 8, ctx) == 8
     assert room([1] * (ctx - 8), 9, ctx) == 8
     assert room([1] * (ctx - 1), 100, ctx) == 1
-    with pytest.raises(PromptError, match="too long for the context window of 256 tokens: shorten it by at least 1"):
+    with pytest.raises(PromptError, match=f"too long for the context window of {ctx} tokens: shorten it by at least 1"):
         room([1] * ctx, 1, ctx)
     with pytest.raises(PromptError, match="empty"):
         room([], 8, ctx)

@@ -136,8 +136,9 @@ def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monk
         assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"
 
     other = HeadTrainConfig(**{**cfg.__dict__, "lr": cfg.lr / 2})
+    before = len(notes)
     _, log = train_head(tiny, tok, small, other, checkpoint=tmp_path, note=notes.append)
-    assert log["resumed_at_step"] == 0 and "other settings" in notes[-1]
+    assert log["resumed_at_step"] == 0 and any("other settings" in n for n in notes[before:]), notes[before:]
 
 
 def test_cli_mtp_json_reports_steps_and_acceptance():

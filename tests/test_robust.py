@@ -6,6 +6,7 @@
 - a missing model file is named, a lost GPU device makes the page fall back to WASM, Stop ends a decode
   at the next step, two Generate calls never overlap;
 - 40 generations in a row leak neither GPU buffers, GPU tensors nor JS heap, and stay exact;
+  (the faults, the long session and the CSP run on conftest's tiny random model: mechanics, not the model)
 - the page fetches nothing from elsewhere, and its Content-Security-Policy refuses to.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from builder.browser import served
 from builder.generate import compare_to_reference, decode_ar
 from builder.tasks import encode_prompt
-from tests.conftest import Page
+from tests.conftest import CONTEXT, Page
 
 # Installed before any page script: counts the WebGPU buffers alive (created, not destroyed) and keeps
 # the devices, so that a test can destroy one as a driver reset would.
@@ -67,7 +68,7 @@ def wasm(browser, url):
     ({"prompt": ""}, "PageError: the prompt is empty"),
     ({"prompt": "  \n\t "}, "PageError: the prompt is empty"),
     ({"prompt": 42}, "PageError: the prompt must be text, got number"),
-    ({"prompt": "word " * 300}, "too long for the context window of 256 tokens: shorten it by at least"),
+    ({"prompt": "word " * (CONTEXT + 40)}, f"too long for the context window of {CONTEXT} tokens: shorten it by at least"),
     ({"prompt": "hi", "k": 0}, "PageError: k must be a whole number from 1 to 6, got 0"),
     ({"prompt": "hi", "k": 7}, "PageError: k must be a whole number from 1 to 6, got 7"),
     ({"prompt": "hi", "k": 2.5}, "PageError: k must be a whole number from 1 to 6, got 2.5"),
@@ -76,7 +77,7 @@ def wasm(browser, url):
     ({"prompt": "hi", "maxNewTokens": 1.5}, "got 1.5"),
     ({"prompt": "hi", "maxNewTokens": "12"}, "got 12"),
     ({"prompt": "hi", "mode": "fast"}, 'PageError: unknown mode "fast": choose ar, mtp or drafter'),
-    ({"prompt": "hi", "task": "summarise"}, 'PageError: unknown task "summarise": choose continue or proofread'),
+    ({"prompt": "hi", "task": "summarise"}, 'PageError: unknown task "summarise": choose continue, proofread or summarize'),
 ])
 def test_bad_input_is_one_clear_message(wasm, options, message):
     assert message in rejection(wasm, options)
@@ -100,7 +101,7 @@ def test_bad_input_on_the_page_is_shown_and_the_page_still_works(wasm):
 
 
 def window_filling_prompt(base, tokenizer, corpus) -> str:
-    """Validation text that leaves 6 tokens of the 256-token window, which the base does not end sooner."""
+    """Validation text that leaves 6 tokens of the window, which the base does not end sooner."""
     ctx, eos = base.config.max_position_embeddings, base.config.eos_token_id
     for start in range(0, 400, 40):
         ids = encode_prompt(tokenizer, "continue", " ".join(corpus.validation[start:start + 40]))[1: ctx - 6]
@@ -119,7 +120,7 @@ def test_the_context_window_and_the_end_of_sequence_stop_cleanly_and_say_so(wasm
         got = wasm.generate(prompt=long, mode=mode, k=4, maxNewTokens=200)
         ref = decode_ar(base, got["promptIds"], 200, eos)
         assert got["ids"] == ref.ids and got["stopped"] == ref.stopped
-        assert got["stopped"] == "context-window" and len(got["promptIds"]) + len(got["ids"]) == 256
+        assert got["stopped"] == "context-window" and len(got["promptIds"]) + len(got["ids"]) == CONTEXT
     proofread = validation_prompts[30]["prompt"]
     got = wasm.generate(prompt=proofread, task="proofread", mode="mtp", k=4, maxNewTokens=120)
     assert got["stopped"] == "end-of-sequence" and got["ids"][-1] == eos
@@ -234,8 +235,8 @@ def copy_without(site, tmp_path, *names):
     return out
 
 
-def test_a_missing_model_file_is_named(browser, site, tmp_path):
-    broken = copy_without(site, tmp_path, "head_k4.onnx")
+def test_a_missing_model_file_is_named(browser, tiny_site, tmp_path):
+    broken = copy_without(tiny_site, tmp_path, "head_k4.onnx")
     with served(broken) as url:
         context = browser.new_context()
         page = context.new_page()
@@ -247,8 +248,8 @@ def test_a_missing_model_file_is_named(browser, site, tmp_path):
         context.close()
 
 
-def test_a_missing_graph_needed_later_fails_that_generation_only(browser, site, tmp_path):
-    broken = copy_without(site, tmp_path, "drafter.onnx")
+def test_a_missing_graph_needed_later_fails_that_generation_only(browser, tiny_site, tmp_path):
+    broken = copy_without(tiny_site, tmp_path, "drafter.onnx")
     with served(broken) as url:
         p = Page(browser, url, "?backend=wasm")
         try:
@@ -259,8 +260,9 @@ def test_a_missing_graph_needed_later_fails_that_generation_only(browser, site, 
             p.close()
 
 
-def test_a_lost_gpu_device_is_reported_and_the_page_falls_back_to_wasm(browser, url, base):
-    p = Page(browser, url, "?backend=webgpu", init_script=GPU_HOOK)
+def test_a_lost_gpu_device_is_reported_and_the_page_falls_back_to_wasm(browser, tiny_url, tiny_base):
+    base = tiny_base
+    p = Page(browser, tiny_url, "?backend=webgpu", init_script=GPU_HOOK)
     try:
         assert p.info["backend"] == "webgpu"
         message = p.page.evaluate("""async () => {
@@ -285,13 +287,15 @@ def test_a_lost_gpu_device_is_reported_and_the_page_falls_back_to_wasm(browser, 
 LONG_SESSION = 40
 
 
-def test_forty_generations_leak_nothing_and_stay_exact(browser, url, base):
+def test_forty_generations_leak_nothing_and_stay_exact(browser, tiny_url, tiny_base):
     """MTP (k=4: the head graph the page opens at load) and plain mixed, every fifth stopped after its second
     step, on WebGPU: the GPU tensors the page holds return to none after every generation; the live WebGPU
     buffers and the JS heap stop growing once every prompt and mode has been seen (onnxruntime-web's buffer
     cache and V8's code warm up). A graph opened later adds its session's buffers once, so the plan keeps
-    to the graphs the page opens at load."""
-    p = Page(browser, url, "?backend=webgpu", init_script=GPU_HOOK)
+    to the graphs the page opens at load. On the tiny random model: the shipped base would take minutes of
+    SwiftShader for what this checks."""
+    base = tiny_base
+    p = Page(browser, tiny_url, "?backend=webgpu", init_script=GPU_HOOK)
     cdp = p.context.new_cdp_session(p.page)
 
     def heap() -> int:
@@ -340,8 +344,8 @@ def test_forty_generations_leak_nothing_and_stay_exact(browser, url, base):
     assert last["heap"] <= first["heap"] + 1024 * 1024 and last["heap"] <= tenth["heap"] * 1.05, "the JS heap grows"
 
 
-def test_the_page_fetches_nothing_from_elsewhere_and_its_csp_refuses_to(browser, url):
-    p = Page(browser, url, "?backend=wasm")
+def test_the_page_fetches_nothing_from_elsewhere_and_its_csp_refuses_to(browser, tiny_url):
+    p = Page(browser, tiny_url, "?backend=wasm")
     try:
         for mode in ("ar", "mtp", "drafter"):
             p.generate(prompt="The list", mode=mode, k=5, maxNewTokens=8)

@@ -3,6 +3,9 @@
 
 import { PageError } from './errors.mjs';
 
+/** "a, b or c" */
+const listed = (names) => (names.length > 1 ? `${names.slice(0, -1).join(', ')} or ${names.at(-1)}` : names[0]);
+
 export class TaskTokenizer {
   /**
    * @param {object} tokenizer  a tokenizers.js Tokenizer built WITHOUT added tokens, so that special tokens
@@ -24,7 +27,7 @@ export class TaskTokenizer {
   /** The prompt's ids in the task's one format: prefix + text + suffix. */
   encodePrompt(task, text) {
     const format = this.tasks[task];
-    if (!format) throw new PageError(`unknown task "${task}": choose ${Object.keys(this.tasks).join(' or ')}`);
+    if (!format) throw new PageError(`unknown task "${task}": choose ${listed(Object.keys(this.tasks))}`);
     if (typeof text !== 'string') throw new PageError(`the prompt must be text, got ${typeof text}`);
     if (!text.trim()) throw new PageError('the prompt is empty');
     return [...format.prefix, ...this.encodeText(text), ...format.suffix];
