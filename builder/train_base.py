@@ -378,7 +378,7 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
     v = {**scores(out, texts, proofread, passages, samples), "python_validation_paragraphs": len(python_validation)}
     if against is not None:
         c = load_config(against)
-        v["against"] = {"base": f"{against} before ({c['num_hidden_layers']} layers x {c['hidden_size']})",
+        v["against"] = {"base": str(against), "shape": f"{c['num_hidden_layers']} layers x {c['hidden_size']}",
                         **scores(against, texts, proofread, passages, [])}
     return v
 
@@ -446,7 +446,8 @@ def validation_table(v: dict) -> str:
              "proofread_exact_fix", "{:.1%}"),
             (f"summarize exact match with the heading ({v.get('summarize_evaluated', 0)} validation passages)", "summarize_exact", "{:.1%}"),
             ("summarize word-overlap F1 with the heading", "summarize_overlap_f1", "{:.3f}")]
-    head = "| measure | this base |" + (f" `{other['base']}` |" if other else "")
+    them = other and f"`{other['base']}`" + (f" ({other['shape']})" if "shape" in other else "")
+    head = "| measure | this base |" + (f" {them} |" if other else "")
     lines = [head, "| --- | --- |" + (" --- |" if other else "")]
     for label, key, fmt in rows:
         cells = [fmt.format(x[key]) if key in x else "(no such task)" for x in [v] + ([other] if other else [])]
