@@ -114,14 +114,16 @@ def build_parser() -> Parser:
                                              "files (paragraphs between blank lines; 1 in 20 held back for the tau "
                                              "report). Default: the built-in corpus (eight Debian documentation packages: corpus.HEAD_SOURCES)")
     h.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
-    h.add_argument("--prompts-per-task", type=positive_int, help="self-distillation prompts per task (default 4000)")
+    h.add_argument("--prompts-per-task", type=positive_int, help="self-distillation prompts per task (default 2000)")
     h.add_argument("--batch-size", type=positive_int, help="sequences per step (default 16)")
     h.add_argument("--eval-prompts", type=positive_int, help="held-back prompts per task for the tau report (default 60)")
     h.add_argument("--checkpoint-every", type=positive_int,
                    help="steps between checkpoints in HEAD/checkpoint/ (default 100; also saved on Ctrl-C). "
                         "A run with the same settings, base and data resumes from it")
     h.add_argument("--targets", choices=["greedy", "distribution"],
-                   help="what each draft learns: the base's greedy token (default) or its whole next-token distribution")
+                   help="what each draft learns: the base's whole next-token distribution (default) or its greedy token")
+    h.add_argument("--kv-layer", type=int, help="the base layer whose KV cache the head reads (default: the layer "
+                                                "with the strongest induction head, measured on the base)")
     h.add_argument("--restart", action="store_true", help="discard a checkpoint in HEAD/checkpoint/ and start over")
     r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
     r.add_argument("--base", default="models/base", help="base checkpoint directory")
@@ -285,7 +287,8 @@ def cmd_train_head(args) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
     options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
-               "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets}
+               "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets,
+               "kv_layer": args.kv_layer}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))

@@ -52,6 +52,36 @@ class HeadConfig:
         return cfg
 
 
+@torch.no_grad()
+def induction_scores(base: Llama, length: int = 48, batch: int = 4, seed: int = 0) -> list[float]:
+    """Per base layer, its strongest attention head's induction score: on random tokens repeated twice,
+    the attention a query in the second copy pays to the token that followed its first occurrence.
+    That is how a model copies (a proofread answer is mostly a copy of the prompt); a layer whose keys
+    support it is the one whose KV cache lets the head copy too."""
+    cfg = base.config
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, cfg.vocab_size, (batch, length), generator=g)
+    ids, T = torch.cat((x, x), dim=1), 2 * length
+    queries = []
+    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda m, i, out: queries.append(out))
+             for layer in base.model.layers]
+    try:
+        _, _, cache = base(ids.to(next(base.parameters()).device))
+    finally:
+        for h in hooks:
+            h.remove()
+    cos, sin = rope_cos_sin(torch.arange(T), cfg.head_dim, cfg.rope_theta)
+    second = torch.arange(length, T)
+    scores = []
+    for q, (k, _) in zip(queries, cache):
+        q = apply_rope(q.float().cpu().view(batch, T, cfg.num_attention_heads, cfg.head_dim), cos, sin)
+        k = k.float().cpu().repeat_interleave(cfg.num_attention_heads // cfg.num_key_value_heads, dim=2)
+        att = torch.einsum("bthd,bshd->bhts", q, k) * cfg.head_dim ** -0.5
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(dim=-1)
+        scores.append(round(float(att[:, :, second, second - length + 1].mean(dim=(0, 2)).max()), 4))
+    return scores
+
+
 def base_fingerprint(base: Llama) -> str:
     """sha256 over the base's parameter names, shapes and fp32 values (independent of file layout)."""
     h = hashlib.sha256()

@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from .corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, proofread_pairs, summary_pairs, validation_prompts
 from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
-from .model import Llama, load_llama
-from .mtp import HeadConfig, MTPHead, base_fingerprint, save_head
+from .model import CheckpointError, Llama, load_llama
+from .mtp import HeadConfig, MTPHead, base_fingerprint, induction_scores, save_head
 from .tasks import encode_prompt, encode_text, load_tokenizer
 from .train_base import lr_at
 
@@ -44,16 +44,18 @@ from .train_base import lr_at
 class HeadTrainConfig:
     seed: int = 0
     k: int = 6                    # draft chain length trained
-    prompts_per_task: int = 4000  # self-distillation prompts per task (12,000 sequences with three tasks)
+    prompts_per_task: int = 2000  # self-distillation prompts per task (6,000 sequences with three tasks)
     new_tokens: int = 64          # greedy tokens the base writes per prompt (proofread stops at its end token)
     batch_size: int = 16          # sequences per step
-    steps: int = 3000
+    steps: int = 2000
     lr: float = 1.5e-3
     warmup: int = 50
     weight_decay: float = 0.0
     eval_prompts: int = 60        # validation prompts per task for the tau table
     checkpoint_every: int = 100   # steps between checkpoints
-    targets: str = "greedy"       # "greedy": the base's token; "distribution": its whole next-token distribution
+    targets: str = "distribution"  # "greedy": the base's token; "distribution": its whole next-token distribution
+    kv_layer: int | None = None   # the base layer whose KV cache the head reads; None: the one with the
+                                  # strongest induction head (mtp.induction_scores), where copying lives
 
 
 # --- 1. the base's own continuations --------------------------------------------------------------
@@ -245,6 +247,10 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         p.requires_grad_(False)
     before = base_fingerprint(base)
     device = next(base.parameters()).device
+    scores = induction_scores(base)
+    kv_layer = cfg.kv_layer if cfg.kv_layer is not None else max(range(len(scores)), key=scores.__getitem__)
+    if not 0 <= kv_layer < len(scores):
+        raise CheckpointError(f"--kv-layer {kv_layer}: the base has layers 0..{len(scores) - 1}")
     t0 = time.time()
     prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed)
     key = {"config": asdict(cfg), "base": before,
@@ -258,7 +264,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         data = distilled(base, before, prompts, cfg.new_tokens, note)
     data_seconds = time.time() - t0
 
-    head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k))
+    head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer))
     g = torch.Generator().manual_seed(cfg.seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -319,6 +325,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         raise RuntimeError("the base's weights changed during head training")
     head.config.base_fingerprint = before
     return head, {"train_config": asdict(cfg), "device": str(device), "resumed_at_step": first,
+                  "induction_scores": scores,
                   "data_seconds": round(data_seconds),
                   "train_seconds": round(spent + time.time() - started), "sequences": len(data),  # over resumes
                   "distilled_tokens": sum(len(s) - p for p, s in data),
@@ -428,6 +435,13 @@ def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
         + f" | {r['prompts']} | {r['mismatches']} | {r['near_ties']} |" for r in acc.values())
     t = log["train_config"]
     base = log.get("base", "models/base")
+    scores = log.get("induction_scores")
+    target = ("the base's whole next-token distribution (soft targets)" if t.get("targets") == "distribution"
+              else "the base's greedy token")
+    layer_why = "set by `--kv-layer`" if t.get("kv_layer") is not None else "the layer with the strongest induction head"
+    if scores:
+        layer_why += (" (a copying circuit: on random tokens repeated, the attention a query pays to the token after"
+                      " its earlier occurrence; strongest head per layer: " + ", ".join(f"{s:.2f}" for s in scores) + ")")
     (out / "README.md").write_text(f"""# Frozen MTP head for `{base}`
 
 A multi-token-prediction head trained on the **frozen** base in `{base}` (fingerprint
@@ -447,12 +461,13 @@ head and keeps no cache over the prompt: no prefill.
 | --- | --- |
 | head parameters | {log['head_parameters']:,}: {log['head_parameters'] / log['base_parameters']:.1%} of the base's {log['base_parameters']:,}, {log['head_parameters'] / log['base_layer_parameters']:.2f} of its decoder layers ({log['base_layer_parameters']:,} each) |
 | trained chain length | k = {hc.k_train} |
+| base layer read | {hc.kv_layer}: {layer_why} |
 
 ## Training (self-distillation, base frozen)
 
 {t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, `proofread`
 sentences with typos, `summarize` passages); the base wrote its own greedy continuation of each ({log['sequences']} sequences, {log['distilled_tokens']:,}
-tokens, {log['data_seconds']} s). The head was trained to predict the base's greedy token at each of the
+tokens, {log['data_seconds']} s). The head was trained to predict {target} at each of the
 {t['k']} draft positions of every anchor, its own hidden state fed back: {t['steps']} AdamW steps of
 {t['batch_size']} sequences, lr {t['lr']}, seed {t['seed']}, **{log['train_seconds'] / 60:.0f} minutes** on a 2-core CPU.
 The base's parameters never required gradients and were checked bit-for-bit unchanged afterwards.

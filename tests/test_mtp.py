@@ -10,7 +10,7 @@ import torch
 from builder.corpus import Corpus
 from builder.generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
 from builder.model import CheckpointError, Llama, LlamaConfig, save_llama
-from builder.mtp import base_fingerprint, load_head, save_head
+from builder.mtp import base_fingerprint, induction_scores, load_head, save_head
 from builder.tasks import encode_prompt
 from builder.train_head import HeadTrainConfig, train_head
 from tests.conftest import BASE_DIR, HEAD_DIR, check_steps, expect_error, run
@@ -47,6 +47,15 @@ def test_head_drafts_are_accepted_on_proofread(base, head, tokenizer, validation
         accepted += decode(TorchBackend(base, head), encode_prompt(tokenizer, "proofread", p["prompt"]), 48, eos, 4).accepted
     tau, _ = acceptance(accepted, 4)
     assert tau > 1.5, f"proofread tau at k=4 is {tau:.2f}: the head's drafts are barely accepted"
+
+
+def test_the_head_reads_the_base_layer_that_copies(base, head):
+    """A proofread answer is mostly a copy of the prompt. The head reads the KV cache of the base layer
+    with the strongest induction head (the copying circuit), which stands far out from the layers without one."""
+    scores = induction_scores(base)
+    best = max(range(len(scores)), key=scores.__getitem__)
+    assert scores[best] > 10 * sorted(scores)[len(scores) // 2], f"no layer stands out: {scores}"
+    assert head.config.kv_layer == best, f"the head reads layer {head.config.kv_layer}, induction scores {scores}"
 
 
 def test_head_is_light_and_reuses_the_base(base, head):
@@ -102,8 +111,19 @@ def test_training_never_changes_the_base(corpus, tmp_path):
     assert all(torch.equal(state[k], v) for k, v in tiny.state_dict().items()), "the base's weights changed"
     assert not any(p.grad is not None for p in tiny.parameters()), "the base received gradients"
     assert head.config.base_fingerprint == base_fingerprint(tiny)
+    scores = log["induction_scores"]
+    assert len(scores) == 2 and head.config.kv_layer == max(range(2), key=scores.__getitem__)
     save_head(head, tmp_path / "head")
     assert load_head(tmp_path / "head", tiny).config.k_train == 3
+
+
+def test_the_layer_the_head_reads_can_be_chosen(corpus, tmp_path):
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    cfg = dict(prompts_per_task=3, new_tokens=4, steps=1, batch_size=4, k=2)
+    head, _ = train_head(tiny, tok, small, HeadTrainConfig(kv_layer=0, **cfg))
+    assert head.config.kv_layer == 0
+    with pytest.raises(CheckpointError, match="layers 0..1"):
+        train_head(tiny, tok, small, HeadTrainConfig(kv_layer=2, **cfg))
 
 
 def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch):
