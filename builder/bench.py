@@ -1,7 +1,8 @@
 """`bench`: plain vs MTP vs the independent drafter, side by side, in one run.
 
 Runtimes: `torch` (the PyTorch modules), `onnx-cpu` (the exported graphs with onnxruntime, one thread),
-`browser-wasm` and `browser-webgpu` (the built site in headless Chromium, through window.frozenMTP).
+`browser-wasm`, `browser-wasm-1thread` and `browser-webgpu` (the built site in headless Chromium, through
+window.frozenMTP; browser-wasm with the WASM threads the page picks, browser-wasm-1thread with one).
 For every runtime: a warm-up, then `repeats` rounds; each round runs every (task, mode, k) over the same
 validation prompts, interleaved, so that drift in the machine's speed touches every mode alike.
 tokens/s = new tokens / decode seconds over all prompts of a round; the table gives the median round
@@ -24,7 +25,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .export import Checkpoints
 
-RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-webgpu")
+RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-wasm-1thread", "browser-webgpu")
+# what each browser runtime asks of the page: browser-wasm runs as many WASM threads as the page picks
+# for this machine (one per core, at most 4), browser-wasm-1thread one
+PAGE_QUERY = {"browser-wasm": "?backend=wasm", "browser-wasm-1thread": "?backend=wasm&threads=1",
+              "browser-webgpu": "?backend=webgpu"}
 TASKS = ("continue", "proofread", "summarize")  # each one the base offers is measured
 
 
@@ -43,6 +48,7 @@ class BenchConfig:
         "torch": Plan(10, 48, None, 3),
         "onnx-cpu": Plan(10, 48, None, 3),
         "browser-wasm": Plan(10, 48, None, 3),
+        "browser-wasm-1thread": Plan(10, 48, None, 3),
         "browser-webgpu": Plan(2, 16, (4,), 1),
     })
 
@@ -212,7 +218,7 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
         for t in tasks:
             for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in cfg.runtimes)]:
                 refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
-    results, profiles = [], {}
+    results, profiles, threads = [], {}, {}
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
             run, profile = python_runner(runtime, ckpts, onnx_dir)
@@ -228,14 +234,16 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
             for runtime in browsers:
                 context = browser.new_context()
                 page = context.new_page()
-                page.goto(url + f"?backend={runtime.removeprefix('browser-')}")
+                page.goto(url + PAGE_QUERY[runtime])
                 info = page.evaluate("window.frozenMTP.ready")
-                log(f"{runtime}: {info['note']} {info.get('adapter') or ''}")
+                log(f"{runtime}: {info['note']} {info.get('adapter') or ''} {info.get('threadsNote') or ''}")
+                threads[runtime] = info.get("threads")
                 results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
                 context.close()
     nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
     return {"results": results, "memory": memory(ckpts), "profile": profiles, "graph_nodes": nodes,
-            "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine()}
+            "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine(),
+            "wasm_threads": threads}
 
 
 def machine() -> dict:

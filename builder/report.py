@@ -169,12 +169,14 @@ def write_report(data: dict, json_path: Path) -> Path:
 {profile_table(data, rt)}
 
 """ for rt in data.get("profile", {}))
+    threads = "".join(f" {rt} ran onnxruntime-web's WASM on {n} thread{'s' if n > 1 else ''}."
+                      for rt, n in data.get("wasm_threads", {}).items() if n and rt != "browser-webgpu")
     md = out / (json_path.stem + ".md")
     md.write_text(f"""# Benchmark: plain vs MTP vs independent drafter
 
 Machine: {m['cpu']}, {m['cores']} cores, {m['system']}; {m['date']}. No GPU: browser-webgpu is
 SwiftShader, a CPU emulation of a GPU (it proves the WebGPU path, not GPU speed).
-Plan: {cfg}. tokens/s is the median round (min-max over rounds).
+Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}
 
 ## Summary (each speculative mode at its best k)
 

@@ -4,7 +4,7 @@
 
 import { DeviceLostError, PageError } from './errors.mjs';
 import { acceptance, decode } from './generate.mjs';
-import { chooseBackend, choosePrecision, loadModels } from './load.mjs';
+import { chooseBackend, choosePrecision, chooseThreads, loadModels } from './load.mjs';
 import { OnnxBackend } from './onnx_backend.mjs';
 
 const $ = (id) => document.getElementById(id);
@@ -30,6 +30,9 @@ const kMax = (manifest, mode) => (mode === 'drafter' ? manifest.drafter : manife
 
 // ---------------------------------------------------------------- loading
 
+// the WASM runtime's threads: fixed when it starts, with the first load (a fallback to WASM keeps them)
+let threadChoice = null;
+
 /**
  * Loads the models for a backend choice; the page falls back to WASM if their GPU device is lost.
  * `since`: when the load started (the first counts from the page's start).
@@ -37,10 +40,14 @@ const kMax = (manifest, mode) => (mode === 'drafter' ? manifest.drafter : manife
  */
 async function load(choice, since = 0) {
   $('backend').textContent = choice.backend === 'webgpu' ? 'WebGPU' : 'WASM';
-  $('adapter').textContent = choice.adapter ? `${choice.note}: ${choice.adapter}` : choice.note;
+  threadChoice ??= chooseThreads(params.get('threads'), choice.backend);
+  const threadsNote = threadChoice.threadsNote || (choice.backend === 'wasm' ? '1 WASM thread: the runtime started for WebGPU' : '');
+  $('adapter').textContent = (choice.adapter ? `${choice.note}: ${choice.adapter}` : choice.note)
+    + (threadsNote ? ` · ${threadsNote}` : '');
   const loading = loadModels(new URL('models/', location.href), {
     backend: choice.backend,
     precision: choice.precision,
+    threads: threadChoice.threads,
     open: (manifest) => ['base', manifest.head.by_k[manifest.defaults.k]],  // the rest open when first used
     onProgress(loaded, total, file) {
       $('progress').hidden = loaded >= total;
@@ -75,7 +82,7 @@ async function load(choice, since = 0) {
   for (const id of ['generate', 'compare']) $(id).disabled = false;
   return { models, info: { backend: sessions.backend, adapter: choice.adapter, note: choice.note, modes,
     kMax: kMax(manifest, 'mtp'), defaults: manifest.defaults, precision: sessions.precision, precisionNote,
-    contextLength: manifest.context_length,
+    contextLength: manifest.context_length, threads: threadChoice.threads, threadsNote,
     loadMs } };
 }
 
@@ -85,8 +92,31 @@ function onLoadFailure(e) {
   showError(e);
 }
 
+/**
+ * Makes the page cross-origin isolated where the host did not (WASM threads need it): registers
+ * coi-sw.js, which adds the headers, and reloads once it controls the page. Resolves when the page may
+ * load the models as it is: isolated, or not isolatable here (no service workers, ?isolate=no, or a
+ * reload that did not isolate it: then one thread).
+ */
+async function isolate() {
+  if (globalThis.crossOriginIsolated || !navigator.serviceWorker || params.get('isolate') === 'no') return;
+  const tried = sessionStorage.getItem('coi-reload') === location.href;
+  sessionStorage.removeItem('coi-reload');
+  if (tried) return;
+  try {
+    await navigator.serviceWorker.register('coi-sw.js');
+    await navigator.serviceWorker.ready;
+  } catch {
+    return;  // e.g. storage disabled: carry on with one thread
+  }
+  sessionStorage.setItem('coi-reload', location.href);
+  location.reload();
+  await new Promise(() => {});  // the page is going away
+}
+
 // the promise of the models in use, {models, info}: replaced when the page falls back to WASM
-let current = chooseBackend(params.get('backend'), params.get('precision')).then((choice) => load(choice));
+let current = isolate().then(() => chooseBackend(params.get('backend'), params.get('precision')))
+  .then((choice) => load(choice));
 const ready = current;
 ready.catch(onLoadFailure);
 
@@ -266,37 +296,67 @@ async function onGenerate() {
   }
 }
 
+const COMPARE_ROUNDS = 3;
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const range = (xs, f) => `${f(Math.min(...xs))}-${f(Math.max(...xs))}`;
+
+/**
+ * Compare: every mode on the same prompt, timed so that a second click gives the same verdict. A warm-up
+ * run of each mode first (sessions opened, kernels compiled: nothing cold is timed), then
+ * COMPARE_ROUNDS rounds, each running every mode in a rotated order (no mode always first); the table
+ * shows each mode's median speed with its min-max, the verdict the median of the per-round ratios.
+ */
 async function onCompare() {
   clearError();
   setBusy(true);
   $('comparison').hidden = false;
   const rows = $('comparison-rows');
   rows.replaceChildren();
+  $('comparison-verdict').className = '';
   try {
-    const results = [];
-    const { info } = await current;
-    for (const mode of info.modes) {
-      const r = await runOnPage(mode);
-      results.push(r);
+    const { info, models } = await current;
+    const modes = info.modes;
+    $('comparison-verdict').textContent = 'Warming up…';
+    for (const mode of modes) {
+      const k = mode === 'ar' ? 0 : Math.min(Number($('k').value), kMax(models.manifest, mode));
+      await generate({ prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: 4 });
+    }
+    const runs = Object.fromEntries(modes.map((m) => [m, []]));
+    for (let round = 0; round < COMPARE_ROUNDS; round += 1) {
+      for (let i = 0; i < modes.length; i += 1) {
+        const mode = modes[(round + i) % modes.length];
+        $('comparison-verdict').textContent = `Round ${round + 1} of ${COMPARE_ROUNDS}: ${MODES[mode]}…`;
+        runs[mode].push(await runOnPage(mode));
+      }
+    }
+    const speed = (r) => r.ids.length / (r.ms / 1000);
+    for (const mode of modes) {
+      const rs = runs[mode];
       const tr = document.createElement('tr');
-      for (const cell of [MODES[mode] + (mode !== 'ar' ? ` k=${r.k}` : ''), (r.ids.length / (r.ms / 1000)).toFixed(1),
-        String(r.steps), String(Math.round(r.ms))]) {
+      for (const cell of [MODES[mode] + (mode !== 'ar' ? ` k=${rs[0].k}` : ''),
+        `${median(rs.map(speed)).toFixed(1)} (${range(rs.map(speed), (x) => x.toFixed(0))})`,
+        String(rs[0].steps), String(Math.round(median(rs.map((r) => r.ms))))]) {
         const td = document.createElement('td');
         td.textContent = cell;
         tr.append(td);
       }
       rows.append(tr);
     }
-    const [plain, mtp, drafter] = results;
-    const speed = (r) => r.ids.length / r.ms;
-    const differs = results.slice(1).find((r) => r.ids.length !== plain.ids.length || r.ids.some((id, i) => id !== plain.ids[i]));
-    const same = !differs;
-    $('comparison-verdict').textContent = same
-      ? `Identical text, ${plain.ids.length} tokens. MTP ran at ${(speed(mtp) / speed(plain)).toFixed(2)}x the plain speed` +
-        (drafter ? `, the independent drafter at ${(speed(drafter) / speed(plain)).toFixed(2)}x.` : '.')
-      : `The ${MODES[differs.mode]} text differs from the plain one: please report this.`;
-    $('comparison-verdict').className = same ? 'same' : 'differ';
+    const plain = runs.ar;
+    const all = modes.flatMap((m) => runs[m]);
+    const differs = all.find((r) => r.ids.length !== plain[0].ids.length || r.ids.some((id, i) => id !== plain[0].ids[i]));
+    const ratio = (mode) => {
+      const xs = runs[mode].map((r, i) => speed(r) / speed(plain[i]));
+      return `${median(xs).toFixed(2)}x (${range(xs, (x) => x.toFixed(2))})`;
+    };
+    $('comparison-verdict').textContent = differs
+      ? `The ${MODES[differs.mode]} text differs from the plain one: please report this.`
+      : `Identical text, ${plain[0].ids.length} tokens. Median of ${COMPARE_ROUNDS} interleaved rounds after a warm-up: `
+        + `MTP ran at ${ratio('mtp')} the plain speed`
+        + (runs.drafter ? `, the independent drafter at ${ratio('drafter')}.` : '.');
+    $('comparison-verdict').className = differs ? 'differ' : 'same';
   } catch (e) {
+    $('comparison-verdict').textContent = '';
     showError(e);
   } finally {
     setBusy(false);

@@ -71,6 +71,28 @@ export function choosePrecision(requested, backend, shaderF16) {
   return { precision: 'fp32', precisionNote: 'fp32 on WASM' };
 }
 
+/**
+ * How many threads onnxruntime-web's WASM runtime uses. It can run several only where the page is
+ * cross-origin isolated (SharedArrayBuffer): `serve` sends the COOP/COEP headers, and on a static host
+ * that cannot, coi-sw.js adds them. By default one per core, at most 4 (a phone's big cores); `requested`
+ * (?threads=N) sets the count. WebGPU runs its graphs on the GPU: one thread. Read once, when the
+ * runtime starts (the first session).
+ * @returns {{threads: number, threadsNote: string}}
+ */
+export function chooseThreads(requested, backend, isolated = globalThis.crossOriginIsolated,
+  cores = globalThis.navigator?.hardwareConcurrency) {
+  if (requested != null && !/^[1-9][0-9]?$/.test(requested)) {
+    throw new PageError(`unknown thread count "${requested}": use ?threads=1 to ?threads=99`);
+  }
+  const wanted = requested ? Number(requested) : Math.min(4, cores || 1);
+  const plural = (n) => `${n} WASM thread${n > 1 ? 's' : ''}`;
+  if (backend !== 'wasm') return { threads: 1, threadsNote: '' };
+  if (!isolated) {
+    return { threads: 1, threadsNote: `${plural(1)}: the page is not cross-origin isolated` };
+  }
+  return { threads: wanted, threadsNote: plural(wanted) + (requested ? ', as requested' : ` (${cores || 1} cores)`) };
+}
+
 /** Fetches a file of the site, reporting bytes as they arrive; checks its sha256 when one is given. */
 async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
   let response;
@@ -105,12 +127,13 @@ async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
  * graphs `open(manifest)` names (the rest open when first used). A precision the site lacks falls back to
  * the one it has (see `sessions.precision`).
  * @param {URL} modelsUrl
- * @param {{backend: string, precision: string, open: (manifest: object) => string[],
+ * @param {{backend: string, precision: string, threads?: number, open: (manifest: object) => string[],
  *   onProgress?: (loaded: number, total: number, file: string) => void, onLost?: (info: object) => void}} options
  *   onLost: called once if the WebGPU device is lost
  * @returns {Promise<{manifest: object, tokenizer: TaskTokenizer, sessions: Sessions}>}
  */
-export async function loadModels(modelsUrl, { backend, precision, open, onProgress, onLost }) {
+export async function loadModels(modelsUrl, { backend, precision, threads = 1, open, onProgress, onLost }) {
+  ort.env.wasm.numThreads = threads;  // read when the WebAssembly runtime starts, with the first session
   const manifestUrl = new URL('manifest.json', modelsUrl);
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl)));
   if (manifest.format !== FORMAT) {
