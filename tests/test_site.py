@@ -183,6 +183,31 @@ def test_on_a_host_without_isolation_headers_a_service_worker_adds_them(browser,
         server.server_close()
 
 
+def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
+    """The model files stay in Cache Storage after their verified download: opening the page again (same
+    browser profile) fetches the manifest only, and still decodes."""
+    manifest = json.loads((tiny_site / "models" / "manifest.json").read_text())
+    context = browser.new_context()
+    try:
+        fetched = []
+        context.on("requestfinished", lambda r: "/models/" in r.url and fetched.append(r.url.rsplit("/", 1)[1]))
+        visits = []
+        for _ in range(2):
+            fetched.clear()
+            page = context.new_page()
+            page.goto(tiny_url + "?backend=wasm")
+            page.evaluate("window.frozenMTP.ready")
+            out = page.evaluate("window.frozenMTP.generate({prompt: 'The list', mode: 'mtp', k: 2, maxNewTokens: 6})")
+            assert len(out["ids"]) == 6
+            page.close()
+            visits.append(sorted(fetched))
+        assert set(visits[0]) > {"manifest.json", manifest["tokenizer"]}, visits[0]
+        assert all(f in manifest["files"] for f in visits[0] if f != "manifest.json")
+        assert visits[1] == ["manifest.json"], f"the second visit fetched {visits[1]}"
+    finally:
+        context.close()
+
+
 def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer):
     backend = page.info["backend"]
     n_new = NEW_TOKENS[backend]

@@ -3,7 +3,8 @@
 // output names, KV layout, k, special tokens, task formats) comes from models/manifest.json, written by
 // `python -m builder build`.
 //
-// Every file is downloaded with progress and checked against the manifest's sha256. A graph's weights
+// Every file is downloaded with progress and checked against the manifest's sha256, and the model files
+// kept in Cache Storage for the next visit. A graph's weights
 // (ONNX external data) are downloaded once per page and shared by every session that lists them (the
 // base's file serves the base and every head graph). Sessions are created one at a time and every
 // session.run goes through one promise chain (DESIGN.md); a failed run names each input. On WebGPU the
@@ -93,6 +94,46 @@ export function chooseThreads(requested, backend, isolated = globalThis.crossOri
   return { threads: wanted, threadsNote: plural(wanted) + (requested ? ', as requested' : ` (${cores || 1} cores)`) };
 }
 
+const hex = async (data) => [...new Uint8Array(await crypto.subtle.digest('SHA-256', data))]
+  .map((b) => b.toString(16).padStart(2, '0')).join('');
+
+// Model files stay in Cache Storage after a verified download, keyed by their sha256: a second visit
+// fetches no model bytes, and a rebuilt site's changed files are new keys. Absent (an insecure origin,
+// storage disabled), files are simply downloaded.
+const CACHE = 'frozen-mtp-models';
+const openCache = () => (globalThis.caches ? caches.open(CACHE).catch(() => null) : Promise.resolve(null));
+const cacheKey = (url, sha256) => `${url.href.split('?')[0]}?sha256=${sha256}`;
+
+/**
+ * A model file: from Cache Storage when it holds this very file (its sha256 checked again), else
+ * downloaded, checked and stored.
+ */
+async function fetchModelFile(url, { sha256, bytes, onBytes } = {}) {
+  const cache = await openCache();
+  const hit = await cache?.match(cacheKey(url, sha256)).catch(() => null);
+  if (hit) {
+    const data = new Uint8Array(await hit.arrayBuffer());
+    if (await hex(data) === sha256) {
+      onBytes?.(data.length);
+      return data;
+    }
+    await cache.delete(cacheKey(url, sha256));  // damaged in storage: download it again
+  }
+  const data = await fetchBytes(url, { sha256, bytes, onBytes });
+  await cache?.put(cacheKey(url, sha256), new Response(data)).catch(() => {});  // e.g. over quota: not kept
+  return data;
+}
+
+/** Drops cached model files the manifest no longer lists (a rebuilt site's old weights). */
+async function pruneCache(modelsUrl, manifest) {
+  const cache = await openCache();
+  if (!cache) return;
+  const keep = new Set(Object.entries(manifest.files).map(([f, m]) => cacheKey(new URL(f, modelsUrl), m.sha256)));
+  for (const request of await cache.keys()) {
+    if (request.url.startsWith(modelsUrl.href) && !keep.has(request.url)) await cache.delete(request);
+  }
+}
+
 /** Fetches a file of the site, reporting bytes as they arrive; checks its sha256 when one is given. */
 async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
   let response;
@@ -112,8 +153,7 @@ async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
   const data = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
   chunks.reduce((at, c) => { data.set(c, at); return at + c.length; }, 0);
   if (sha256) {
-    const digest = [...new Uint8Array(await crypto.subtle.digest('SHA-256', data))]
-      .map((b) => b.toString(16).padStart(2, '0')).join('');
+    const digest = await hex(data);
     if (digest !== sha256) {
       throw new PageError(`${url} is altered or truncated: ${data.length} bytes with sha256 ${digest.slice(0, 16)}.., ` +
         `the manifest says ${bytes} bytes with sha256 ${sha256.slice(0, 16)}..`);
@@ -140,7 +180,8 @@ export async function loadModels(modelsUrl, { backend, precision, threads = 1, o
     throw new PageError(`${manifestUrl} is not a ${FORMAT} manifest (format ${manifest.format}): rebuild the site`);
   }
   const json = JSON.parse(new TextDecoder().decode(
-    await fetchBytes(new URL(manifest.tokenizer, modelsUrl), manifest.files[manifest.tokenizer])));
+    await fetchModelFile(new URL(manifest.tokenizer, modelsUrl), manifest.files[manifest.tokenizer])));
+  pruneCache(modelsUrl, manifest);  // in the background
   // special tokens are encoded by id, never parsed out of the user's text: the JS tokenizer gets no added tokens
   const tokenizer = new TaskTokenizer(new Tokenizer({ ...json, added_tokens: [] }, {}), manifest);
   const built = Object.keys(manifest.precisions);
@@ -186,7 +227,7 @@ export class Sessions {
   }
 
   fetch(file, onBytes) {
-    return fetchBytes(new URL(file, this.modelsUrl), { ...this.manifest.files[file], onBytes: onBytes(file) });
+    return fetchModelFile(new URL(file, this.modelsUrl), { ...this.manifest.files[file], onBytes: onBytes(file) });
   }
 
   /** Downloads a graph and its weights not yet here, each checked against its sha256; creates its session. */
