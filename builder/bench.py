@@ -12,7 +12,10 @@ median wall time of each kind of graph run ("base T=5": the base fed 5 tokens, "
 drafting 4, "drafter T=1"), pooled over every round, from which the report shows where a step's time goes.
 
 SwiftShader (the CI's WebGPU) emulates a GPU on the CPU at about 1 s a base run, so browser-webgpu runs
-fewer prompts, tokens and k by default: it shows the page works on WebGPU, not GPU speed.
+fewer prompts, tokens and k by default: it shows the page works on WebGPU, not GPU speed. What it does
+count is the GPU regime: "webgpu_dispatches" holds, per task, the WebGPU compute dispatches and session
+runs per decode step of plain decoding and MTP (counted at the WebGPU API in the page), and the modelled
+speedup tau x dispatches(plain step) / dispatches(MTP step) of a GPU that spends its time per dispatch.
 """
 from __future__ import annotations
 
@@ -120,6 +123,38 @@ def browser_runner(page):
     return run
 
 
+def count_dispatches(page, prompts: dict, ks) -> dict:
+    """On WebGPU, per task: compute dispatches and session runs per decode step (prefill left out) of plain
+    decoding and of MTP at each k, from the page's trace of one prompt's first 8 new tokens."""
+    out = {}
+    for task, items in prompts.items():
+        _, text = items[0]
+        out[task] = {}
+        for mode, k in [("ar", 0)] + [("mtp", k) for k in ks]:
+            r = page.evaluate("(o) => window.frozenMTP.generate(o)", {"prompt": text, "task": task, "mode": mode,
+                                                                      "k": max(k, 1), "maxNewTokens": 8, "trace": True})
+            steps = r["trace"][1:]  # the first run is the prefill
+            out[task]["plain" if mode == "ar" else f"mtp k={k}"] = {
+                "k": k, "steps": r["steps"], "runs_per_step": round(len(steps) / r["steps"], 2),
+                "dispatches_per_step": round(sum(t["dispatches"] for t in steps) / r["steps"], 1)}
+    return out
+
+
+def modelled_speedups(dispatches: dict, results: list[dict]) -> None:
+    """tau x dispatches(plain step) / dispatches(MTP step): the speedup on a GPU that spends its time per
+    dispatch. tau is this run's, from the runtime that measured the most prompts x tokens."""
+    for task, rows in dispatches.items():
+        for row in rows.values():
+            if not row["k"]:
+                continue
+            taus = [r for r in results if (r["task"], r["mode"], r["k"]) == (task, "mtp", row["k"])]
+            if not taus:
+                continue
+            best = max(taus, key=lambda r: r["prompts"] * r["new_tokens"])
+            row.update(tau=best["tau"], tau_from=best["runtime"], modelled_speedup=round(
+                best["tau"] * rows["plain"]["dispatches_per_step"] / row["dispatches_per_step"], 2))
+
+
 # --- measuring ---------------------------------------------------------------------------------------
 
 def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> list[dict]:
@@ -218,7 +253,7 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
         for t in tasks:
             for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in cfg.runtimes)]:
                 refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
-    results, profiles, threads = [], {}, {}
+    results, profiles, threads, dispatches = [], {}, {}, {}
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
             run, profile = python_runner(runtime, ckpts, onnx_dir)
@@ -239,11 +274,15 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
                 log(f"{runtime}: {info['note']} {info.get('adapter') or ''} {info.get('threadsNote') or ''}")
                 threads[runtime] = info.get("threads")
                 results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
+                if runtime == "browser-webgpu":
+                    dispatches = count_dispatches(page, prompts, cfg.plans[runtime].ks)
                 context.close()
+    if dispatches:
+        modelled_speedups(dispatches, results)
     nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
     return {"results": results, "memory": memory(ckpts), "profile": profiles, "graph_nodes": nodes,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine(),
-            "wasm_threads": threads}
+            "wasm_threads": threads, "webgpu_dispatches": dispatches}
 
 
 def machine() -> dict:

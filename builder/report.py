@@ -158,6 +158,23 @@ def plots(data: dict, out: Path) -> list[str]:
     return files
 
 
+def dispatch_table(dispatches: dict) -> str:
+    """The GPU regime, counted in the page on WebGPU: dispatches and runs per step, the modelled speedup."""
+    if not dispatches:
+        return ""
+    lines = ["| task | mode | runs per step | compute dispatches per step | tau | modelled speedup: tau x plain / MTP dispatches |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for task, rows in dispatches.items():
+        for name, r in rows.items():
+            tau = f"{r['tau']:.2f} ({r['tau_from']})" if "tau" in r else ("1" if not r["k"] else "-")
+            speedup = f"{r['modelled_speedup']:.2f}x" if "modelled_speedup" in r else "-"
+            lines.append(f"| {task} | {name} | {r['runs_per_step']:g} | {r['dispatches_per_step']:g} | {tau} | {speedup} |")
+    return ("## The GPU regime, counted (browser-webgpu: WebGPU compute dispatches per decode step, prefill left out)\n\n"
+            "SwiftShader's timings say nothing about a GPU's speed, but it runs the same WebGPU calls a phone's GPU"
+            " would. At this model size a GPU spends its time per dispatch (launch and synchronisation) more than"
+            " per FLOP; counted at the WebGPU API over one prompt's first 8 new tokens:\n\n" + "\n".join(lines) + "\n\n")
+
+
 def write_report(data: dict, json_path: Path) -> Path:
     out = json_path.parent
     images = plots(data, out)
@@ -171,6 +188,7 @@ def write_report(data: dict, json_path: Path) -> Path:
 """ for rt in data.get("profile", {}))
     threads = "".join(f" {rt} ran onnxruntime-web's WASM on {n} thread{'s' if n > 1 else ''}."
                       for rt, n in data.get("wasm_threads", {}).items() if n and rt != "browser-webgpu")
+    gpu = dispatch_table(data.get("webgpu_dispatches") or {})
     md = out / (json_path.stem + ".md")
     md.write_text(f"""# Benchmark: plain vs MTP vs independent drafter
 
@@ -186,7 +204,7 @@ Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}
 
 {memory_table(data['memory'])}
 
-{profiles}## Every configuration
+{profiles}{gpu}## Every configuration
 
 {full_table(data)}
 

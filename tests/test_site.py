@@ -183,6 +183,28 @@ def test_on_a_host_without_isolation_headers_a_service_worker_adds_them(browser,
         server.server_close()
 
 
+def test_webgpu_dispatches_are_counted_per_run(browser, tiny_url):
+    """The GPU regime, counted: every WebGPU run's compute dispatches are in its trace entry, the bench's
+    dispatches per step. A base run costs the same dispatches whatever the tokens it verifies, and a head
+    run drafting k costs more the larger k (one decoder layer and the LM head per draft)."""
+    p = Page(browser, tiny_url, "?backend=webgpu")
+    try:
+        per_graph = {}
+        for k in (1, 3):
+            out = p.generate(prompt="The list", mode="mtp", k=k, maxNewTokens=8, trace=True)
+            for run in out["trace"]:
+                n = run["inputs"]["input_ids"]["dims"][1] if run["graph"] == "base" else k
+                per_graph.setdefault((run["graph"], n), set()).add(run["dispatches"])
+    finally:
+        p.close()
+    assert all(d > 0 for ds in per_graph.values() for d in ds), per_graph
+    verify = [ds for (g, n), ds in per_graph.items() if g == "base"]
+    assert len(set.union(*verify)) == 1, f"base runs of different lengths dispatch differently: {per_graph}"
+    head1, head3 = per_graph[("head_k1", 1)], per_graph[("head_k3", 3)]
+    assert len(head1) == len(head3) == 1 and max(head3) > max(head1), per_graph
+    print(f"\nwebgpu dispatches per run: { {f'{g} x{n}': sorted(ds) for (g, n), ds in per_graph.items()} }")
+
+
 def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
     """The model files stay in Cache Storage after their verified download: opening the page again (same
     browser profile) fetches the manifest only, and still decodes."""

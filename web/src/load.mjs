@@ -20,6 +20,20 @@ ort.env.logLevel = 'error';
 
 const FORMAT = 'frozen-mtp-onnx/2';
 
+// The WebGPU compute dispatches onnxruntime-web issues, counted at the WebGPU API: at this model size a
+// phone's GPU pays per dispatch more than per FLOP, so dispatches per step model the GPU regime that
+// SwiftShader's timings cannot. Each run's count goes into its trace entry.
+export const gpuCounter = { dispatches: 0 };
+if (globalThis.GPUComputePassEncoder) {
+  for (const name of ['dispatchWorkgroups', 'dispatchWorkgroupsIndirect']) {
+    const original = GPUComputePassEncoder.prototype[name];
+    GPUComputePassEncoder.prototype[name] = function counted(...args) {
+      gpuCounter.dispatches += 1;
+      return original.apply(this, args);
+    };
+  }
+}
+
 /**
  * Which execution provider to use: `requested` ('webgpu' | 'wasm' | null) forces one; otherwise WebGPU
  * where the browser offers an adapter, WASM else.
@@ -286,6 +300,7 @@ export class Sessions {
       const lost = (info) => new DeviceLostError(`the GPU device was lost (${info.reason}: ${info.message})`);
       if (this.lost) throw lost(this.lost);
       let outputs;
+      const dispatched = gpuCounter.dispatches;
       try {
         outputs = await session.run(feeds);
       } catch (e) {
@@ -294,7 +309,8 @@ export class Sessions {
         throw new PageError(`${name} graph failed on ${this.backend} (${e.message}); inputs: ${inputs}`);
       }
       for (const t of Object.values(outputs)) if (t.location === 'gpu-buffer') this.gpuTensors.add(t);
-      trace?.push({ graph: name, inputs: this.describe(feeds), outputs: this.describe(outputs) });
+      trace?.push({ graph: name, inputs: this.describe(feeds), outputs: this.describe(outputs),
+        dispatches: gpuCounter.dispatches - dispatched });
       return outputs;
     });
     this.queue = result.catch(() => {});
