@@ -44,3 +44,19 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     assert f"Operator nodes per graph: base {nodes['base']}; head k=1 {nodes['head_k1']}," in report
     for png in ("tokens_per_s.png", "acceptance.png", "speed_vs_k.png"):
         assert (out.parent / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_modelled_gpu_speedup_is_tau_times_the_dispatch_ratio():
+    """browser-webgpu's counted dispatches become tau x dispatches(plain step) / dispatches(MTP step), with
+    tau from the runtime that measured the most prompts x tokens; the report shows them."""
+    from builder.bench import modelled_speedups
+    from builder.report import dispatch_table
+
+    dispatches = {"proofread": {"plain": {"k": 0, "steps": 8, "runs_per_step": 1, "dispatches_per_step": 2000},
+                                "mtp k=4": {"k": 4, "steps": 2, "runs_per_step": 2, "dispatches_per_step": 2500}}}
+    row = lambda rt, prompts, tau: {"runtime": rt, "task": "proofread", "mode": "mtp", "k": 4,  # noqa: E731
+                                    "prompts": prompts, "new_tokens": 32, "tau": tau}
+    modelled_speedups(dispatches, [row("browser-webgpu", 2, 5.0), row("onnx-cpu", 10, 4.0)])
+    mtp = dispatches["proofread"]["mtp k=4"]
+    assert (mtp["tau"], mtp["tau_from"], mtp["modelled_speedup"]) == (4.0, "onnx-cpu", 3.2)
+    assert "| proofread | mtp k=4 | 2 | 2500 | 4.00 (onnx-cpu) | 3.20x |" in dispatch_table(dispatches)
