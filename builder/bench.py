@@ -9,7 +9,8 @@ tokens/s = new tokens / decode seconds over all prompts of a round; the table gi
 and the spread (min-max) over rounds. Every output is checked against the torch reference with
 CONTRACT.md's exactness rule and the mismatches counted. For onnx-cpu the JSON also has "profile": the
 median wall time of each kind of graph run ("base T=5": the base fed 5 tokens, "head k=4": the head
-drafting 4, "drafter T=1"), pooled over every round, from which the report shows where a step's time goes.
+drafting 4, "drafter T=1"), pooled over every round, from which the report shows where a step's time goes;
+the browser-wasm runtimes get the same profile from the page's own trace of each run (one more pass).
 
 SwiftShader (the CI's WebGPU) emulates a GPU on the CPU at about 1 s a base run, so browser-webgpu runs
 fewer prompts, tokens and k by default: it shows the page works on WebGPU, not GPU speed. What it does
@@ -138,6 +139,26 @@ def count_dispatches(page, prompts: dict, ks) -> dict:
                 "k": k, "steps": r["steps"], "runs_per_step": round(len(steps) / r["steps"], 2),
                 "dispatches_per_step": round(sum(t["dispatches"] for t in steps) / r["steps"], 1)}
     return out
+
+
+def page_profile(page, prompts: dict, plan: Plan) -> dict:
+    """Where a step's time goes in the page (browser-wasm): the median wall time of each kind of graph run
+    ("base T=5", "head k=4", "drafter T=1", as onnx-cpu's profile), from the page's trace of every mode over
+    the plan's prompts and tokens, once."""
+    seconds = {}
+    for task, items in prompts.items():
+        for _, text in items[: plan.prompts]:
+            for mode, k in modes(plan.ks):
+                r = page.evaluate("(o) => window.frozenMTP.generate(o)", {
+                    "prompt": text, "task": task, "mode": mode, "k": max(k, 1), "maxNewTokens": plan.new_tokens,
+                    "trace": True})
+                for run in r["trace"]:
+                    graph = run["graph"]
+                    what = (f"head k={k}" if graph.startswith("head")
+                            else f"{graph} T={run['inputs']['input_ids']['dims'][1]}")
+                    seconds.setdefault(what, []).append(run["ms"] / 1000)
+    return {what: {"median_ms": round(statistics.median(s) * 1000, 4), "runs": len(s)}
+            for what, s in sorted(seconds.items(), key=lambda i: (i[0].split()[0], int(i[0].split("=")[1])))}
 
 
 def modelled_speedups(dispatches: dict, results: list[dict]) -> None:
@@ -276,6 +297,8 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
                 results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
                 if runtime == "browser-webgpu":
                     dispatches = count_dispatches(page, prompts, cfg.plans[runtime].ks)
+                else:
+                    profiles[runtime] = page_profile(page, prompts, cfg.plans[runtime])
                 context.close()
     if dispatches:
         modelled_speedups(dispatches, results)

@@ -301,6 +301,7 @@ export class Sessions {
       if (this.lost) throw lost(this.lost);
       let outputs;
       const dispatched = gpuCounter.dispatches;
+      const t0 = performance.now();
       try {
         outputs = await session.run(feeds);
       } catch (e) {
@@ -308,9 +309,10 @@ export class Sessions {
         const inputs = Object.entries(feeds).map(([n, t]) => `${n} ${t.type}[${t.dims}] on ${t.location}`).join(', ');
         throw new PageError(`${name} graph failed on ${this.backend} (${e.message}); inputs: ${inputs}`);
       }
+      const ms = performance.now() - t0;  // on WebGPU: until the outputs exist as buffers, not until computed
       for (const t of Object.values(outputs)) if (t.location === 'gpu-buffer') this.gpuTensors.add(t);
       trace?.push({ graph: name, inputs: this.describe(feeds), outputs: this.describe(outputs),
-        dispatches: gpuCounter.dispatches - dispatched });
+        dispatches: gpuCounter.dispatches - dispatched, ms });
       return outputs;
     });
     this.queue = result.catch(() => {});
