@@ -161,6 +161,33 @@ def page_profile(page, prompts: dict, plan: Plan) -> dict:
             for what, s in sorted(seconds.items(), key=lambda i: (i[0].split()[0], int(i[0].split("=")[1])))}
 
 
+def first_visit(browser, url: str, mbps: float = 9.0, latency_ms: float = 40.0) -> dict:
+    """A phone's first visit and its second (same browser profile), on a throttled network (CDP's network
+    emulation): bytes fetched, and seconds from opening the page (WASM) to the first token of an MTP
+    generation."""
+    context = browser.new_context()
+    visits = []
+    try:
+        for _ in range(2):
+            page = context.new_page()
+            cdp = context.new_cdp_session(page)
+            cdp.send("Network.enable")
+            cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": latency_ms,
+                                                           "downloadThroughput": mbps * 1e6 / 8,
+                                                           "uploadThroughput": mbps * 1e6 / 8})
+            sizes = []
+            page.on("requestfinished", lambda r: sizes.append(max(0, r.sizes()["responseBodySize"])))
+            t0 = time.perf_counter()
+            page.goto(url + "?backend=wasm")
+            page.evaluate("window.frozenMTP.generate({prompt: 'The list', mode: 'mtp', maxNewTokens: 1})")
+            visits.append({"bytes": sum(sizes), "requests": len(sizes),
+                           "seconds_to_first_token": round(time.perf_counter() - t0, 2)})
+            page.close()
+    finally:
+        context.close()
+    return {"network": f"{mbps:g} Mbps, {latency_ms:g} ms", "first": visits[0], "second": visits[1]}
+
+
 def modelled_speedups(dispatches: dict, results: list[dict]) -> None:
     """tau x dispatches(plain step) / dispatches(MTP step): the speedup on a GPU that spends its time per
     dispatch. tau is this run's, from the runtime that measured the most prompts x tokens."""
@@ -274,7 +301,7 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
         for t in tasks:
             for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in cfg.runtimes)]:
                 refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
-    results, profiles, threads, dispatches = [], {}, {}, {}
+    results, profiles, threads, dispatches, visit = [], {}, {}, {}, None
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
             run, profile = python_runner(runtime, ckpts, onnx_dir)
@@ -300,12 +327,15 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
                 else:
                     profiles[runtime] = page_profile(page, prompts, cfg.plans[runtime])
                 context.close()
+            if "browser-wasm" in browsers:
+                visit = first_visit(browser, url)
+                log(f"first visit ({visit['network']}): {visit['first']}; second: {visit['second']}")
     if dispatches:
         modelled_speedups(dispatches, results)
     nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
     return {"results": results, "memory": memory(ckpts), "profile": profiles, "graph_nodes": nodes,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine(),
-            "wasm_threads": threads, "webgpu_dispatches": dispatches}
+            "wasm_threads": threads, "webgpu_dispatches": dispatches, "first_visit": visit}
 
 
 def machine() -> dict:

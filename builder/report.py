@@ -189,6 +189,12 @@ def write_report(data: dict, json_path: Path) -> Path:
     threads = "".join(f" {rt} ran onnxruntime-web's WASM on {n} thread{'s' if n > 1 else ''}."
                       for rt, n in data.get("wasm_threads", {}).items() if n and rt != "browser-webgpu")
     gpu = dispatch_table(data.get("webgpu_dispatches") or {})
+    v = data.get("first_visit")
+    visit = (f"## A phone's first visit (browser-wasm, network throttled to {v['network']})\n\n"
+             f"First visit: {v['first']['bytes'] / 1e6:.1f} MB in {v['first']['requests']} requests, "
+             f"{v['first']['seconds_to_first_token']:.1f} s from opening the page to the first MTP token. "
+             f"Second visit (same browser profile): {v['second']['bytes'] / 1e6:.2f} MB in {v['second']['requests']} "
+             f"requests, {v['second']['seconds_to_first_token']:.1f} s.\n\n") if v else ""
     md = out / (json_path.stem + ".md")
     md.write_text(f"""# Benchmark: plain vs MTP vs independent drafter
 
@@ -204,7 +210,7 @@ Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}
 
 {memory_table(data['memory'])}
 
-{profiles}{gpu}## Every configuration
+{profiles}{gpu}{visit}## Every configuration
 
 {full_table(data)}
 

@@ -206,13 +206,14 @@ def test_webgpu_dispatches_are_counted_per_run(browser, tiny_url):
 
 
 def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
-    """The model files stay in Cache Storage after their verified download: opening the page again (same
-    browser profile) fetches the manifest only, and still decodes."""
+    """The model files and onnxruntime's WebAssembly runtime stay in Cache Storage after their download:
+    opening the page again (same browser profile) fetches the manifest only, and still decodes."""
     manifest = json.loads((tiny_site / "models" / "manifest.json").read_text())
     context = browser.new_context()
     try:
         fetched = []
-        context.on("requestfinished", lambda r: "/models/" in r.url and fetched.append(r.url.rsplit("/", 1)[1]))
+        context.on("requestfinished", lambda r: ("/models/" in r.url or r.url.endswith(".wasm"))
+                   and fetched.append(r.url.rsplit("/", 1)[1]))
         visits = []
         for _ in range(2):
             fetched.clear()
@@ -223,8 +224,9 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
             assert len(out["ids"]) == 6
             page.close()
             visits.append(sorted(fetched))
-        assert set(visits[0]) > {"manifest.json", manifest["tokenizer"]}, visits[0]
-        assert all(f in manifest["files"] for f in visits[0] if f != "manifest.json")
+        runtime = "ort-wasm-simd-threaded.asyncify.wasm"
+        assert set(visits[0]) > {"manifest.json", manifest["tokenizer"], runtime}, visits[0]
+        assert all(f in manifest["files"] for f in visits[0] if f not in ("manifest.json", runtime))
         assert visits[1] == ["manifest.json"], f"the second visit fetched {visits[1]}"
     finally:
         context.close()

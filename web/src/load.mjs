@@ -138,6 +138,40 @@ async function fetchModelFile(url, { sha256, bytes, onBytes } = {}) {
   return data;
 }
 
+/**
+ * onnxruntime-web's WebAssembly runtime (27 MB, the largest file after the base's weights), kept in Cache
+ * Storage under onnxruntime-web's version like the model files, with the same progress bar; handed to
+ * onnxruntime as `env.wasm.wasmBinary`, so that it does not fetch it again.
+ */
+async function fetchRuntime(onProgress) {
+  const url = new URL('./vendor/ort/ort-wasm-simd-threaded.asyncify.wasm', import.meta.url);
+  const key = `${url.href}?ort=${ort.env.versions.web}`;
+  const cache = await openCache();
+  const hit = await cache?.match(key).catch(() => null);
+  if (hit) return new Uint8Array(await hit.arrayBuffer());
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (e) {
+    throw new PageError(`could not download ${url} (${e.message})`);
+  }
+  if (!response.ok) throw new PageError(`could not download ${url}: HTTP ${response.status} ${response.statusText}`);
+  const total = Number(response.headers.get('content-length')) || 0;
+  let loaded = 0;
+  const data = new Uint8Array(await new Response(response.body.pipeThrough(new TransformStream({
+    transform(chunk, controller) {
+      loaded += chunk.length;
+      onProgress?.(loaded, total, 'the WebAssembly runtime');
+      controller.enqueue(chunk);
+    },
+  }))).arrayBuffer());
+  if (cache) {
+    for (const old of await cache.keys()) if (old.url.startsWith(`${url.href}?`) && old.url !== key) await cache.delete(old);
+    await cache.put(key, new Response(data)).catch(() => {});
+  }
+  return data;
+}
+
 /** Drops cached model files the manifest no longer lists (a rebuilt site's old weights). */
 async function pruneCache(modelsUrl, manifest) {
   const cache = await openCache();
@@ -198,6 +232,7 @@ export async function loadModels(modelsUrl, { backend, precision, threads = 1, o
   pruneCache(modelsUrl, manifest);  // in the background
   // special tokens are encoded by id, never parsed out of the user's text: the JS tokenizer gets no added tokens
   const tokenizer = new TaskTokenizer(new Tokenizer({ ...json, added_tokens: [] }, {}), manifest);
+  ort.env.wasm.wasmBinary ??= await fetchRuntime(onProgress);  // read when the runtime starts
   const built = Object.keys(manifest.precisions);
   const sessions = new Sessions(manifest, modelsUrl, backend, built.includes(precision) ? precision : built[0],
     { onProgress, onLost });
