@@ -46,7 +46,7 @@ def test_head_drafts_are_accepted_on_proofread(base, head, tokenizer, validation
     for p in [q for q in validation_prompts if q["task"] == "proofread"][:10]:
         accepted += decode(TorchBackend(base, head), encode_prompt(tokenizer, "proofread", p["prompt"]), 48, eos, 4).accepted
     tau, _ = acceptance(accepted, 4)
-    assert tau > 1.5, f"proofread tau at k=4 is {tau:.2f}: the head's drafts are barely accepted"
+    assert tau > 3.0, f"proofread tau at k=4 is {tau:.2f}: the head no longer copies the prompt"
 
 
 def test_the_head_reads_the_base_layer_that_copies(base, head):
