@@ -135,9 +135,12 @@ def count_dispatches(page, prompts: dict, ks) -> dict:
             r = page.evaluate("(o) => window.frozenMTP.generate(o)", {"prompt": text, "task": task, "mode": mode,
                                                                       "k": max(k, 1), "maxNewTokens": 8, "trace": True})
             steps = r["trace"][1:]  # the first run is the prefill
+            base = [t["dispatches"] for t in steps if t["graph"] == "base"]
+            head = [t["dispatches"] for t in steps if t["graph"] != "base"]
+            # a whole step: one base run, plus one head run in mode mtp (the last step may skip drafting)
             out[task]["plain" if mode == "ar" else f"mtp k={k}"] = {
-                "k": k, "steps": r["steps"], "runs_per_step": round(len(steps) / r["steps"], 2),
-                "dispatches_per_step": round(sum(t["dispatches"] for t in steps) / r["steps"], 1)}
+                "k": k, "steps": r["steps"], "runs_per_step": 1 + bool(head),
+                "dispatches_per_step": statistics.median(base) + (statistics.median(head) if head else 0)}
     return out
 
 
