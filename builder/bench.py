@@ -6,7 +6,10 @@ window.frozenMTP; browser-wasm with the WASM threads the page picks, browser-was
 For every runtime: a warm-up, then `repeats` rounds; each round runs every (task, mode, k) over the same
 validation prompts, interleaved, so that drift in the machine's speed touches every mode alike.
 tokens/s = new tokens / decode seconds over all prompts of a round; the table gives the median round
-and the spread (min-max) over rounds. Every output is checked against the torch reference with
+and the spread (min-max) over rounds. "decode_tokens_per_s" leaves out the prefill (the base reading the
+prompt: the same pass in every mode, and most of a summary's time at these lengths): new tokens / seconds
+after it, which is the speed at which text streams once it starts; the drafter's own prefill falls inside
+it, as it should. Every output is checked against the torch reference with
 CONTRACT.md's exactness rule and the mismatches counted. For onnx-cpu the JSON also has "profile": the
 median wall time of each kind of graph run ("base T=5": the base fed 5 tokens, "head k=4": the head
 drafting 4, "drafter T=1"), pooled over every round, from which the report shows where a step's time goes;
@@ -61,7 +64,7 @@ def modes(ks) -> list[tuple[str, int]]:
     return [("ar", 0)] + [("mtp", k) for k in ks] + [("drafter", k) for k in ks]
 
 
-# --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds) ------------------
+# --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds, prefill seconds) ---
 
 def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
     """The runner of a Python runtime and, for onnx-cpu, a function giving where a step's time went
@@ -96,7 +99,7 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
         backend = backends[mode](k)  # torch: a fresh drafter state per decode, as the page has
         t0 = time.perf_counter()
         out = decode(backend, prompt_ids, n, eos, k)
-        return out.ids, out.steps, out.accepted, time.perf_counter() - t0
+        return out.ids, out.steps, out.accepted, time.perf_counter() - t0, out.prefill_seconds
 
     if runtime == "torch":
         return run, None
@@ -119,7 +122,7 @@ def browser_runner(page):
                           {"prompt": text, "task": task, "mode": mode, "k": max(k, 1), "maxNewTokens": n})
         if r["promptIds"] != prompt_ids:
             raise RuntimeError(f"the page encodes {text!r} differently from Python")
-        return r["ids"], r["steps"], r["accepted"], r["ms"] / 1000
+        return r["ids"], r["steps"], r["accepted"], r["ms"] / 1000, r["prefillMs"] / 1000
 
     return run
 
@@ -220,31 +223,37 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
     for rep in range(plan.repeats):
         for task in items:
             for mode, k in modes(plan.ks):
-                r = rounds.setdefault((task, mode, k), {"tps": [], "tokens": 0, "steps": 0, "accepted": [],
-                                                        "mismatches": 0, "near_ties": 0})
-                tokens, seconds = 0, 0.0
+                r = rounds.setdefault((task, mode, k), {"tps": [], "decode_tps": [], "tokens": 0, "steps": 0,
+                                                        "accepted": [], "mismatches": 0, "near_ties": 0})
+                tokens, seconds, prefill = 0, 0.0, 0.0
                 for ids, text in items[task]:
-                    out, steps, accepted, s = run(ids, text, task, mode, k, plan.new_tokens)
+                    out, steps, accepted, s, p = run(ids, text, task, mode, k, plan.new_tokens)
                     verdict, _ = compare_to_reference(refs[(task, text, plan.new_tokens)], out)
                     r["mismatches"] += verdict == "mismatch"
                     r["near_ties"] += verdict == "near-tie"
                     r["steps"] += steps
                     r["accepted"] += accepted
-                    tokens, seconds = tokens + len(out), seconds + s
+                    tokens, seconds, prefill = tokens + len(out), seconds + s, prefill + p
                 r["tokens"] += tokens
                 r["tps"].append(tokens / seconds)
+                r["decode_tps"].append(tokens / (seconds - prefill))
             log(f"{runtime} round {rep + 1}/{plan.repeats} {task}: " + ", ".join(
                 f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)) + " tokens/s")
     results = []
     for (task, mode, k), r in rounds.items():
         ar = statistics.median(rounds[(task, "ar", 0)]["tps"])
         tps = statistics.median(r["tps"])
+        ar_decode, decode_tps = statistics.median(rounds[(task, "ar", 0)]["decode_tps"]), statistics.median(r["decode_tps"])
         tau, by_position = acceptance(r["accepted"], k)
         results.append({"runtime": runtime, "task": task, "mode": mode, "k": k, "prompts": plan.prompts,
                         "new_tokens": plan.new_tokens, "tokens_per_s": round(tps, 2),
                         "tokens_per_s_rounds": [round(x, 2) for x in r["tps"]],
                         "tau": round(tau, 3), "accept_by_position": [round(a, 3) for a in by_position],
                         "speedup_vs_ar": round(tps / ar, 3), "speedup_per_tau": round(tps / ar / tau, 3),
+                        "decode_tokens_per_s": round(decode_tps, 2),
+                        "decode_tokens_per_s_rounds": [round(x, 2) for x in r["decode_tps"]],
+                        "decode_speedup_vs_ar": round(decode_tps / ar_decode, 3),
+                        "decode_speedup_per_tau": round(decode_tps / ar_decode / tau, 3),
                         "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
     return results
 

@@ -21,6 +21,7 @@ the cached path (they must give the same tokens).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,7 @@ class Decoded:
     accepted: list[int] = field(default_factory=list)   # per step, drafts accepted (plain decoding: empty)
     margins: list[float] = field(default_factory=list)  # per new token, top-1 minus top-2 base logit
     stopped: str = ""  # why decoding ended: one of STOP_REASONS
+    prefill_seconds: float = 0.0  # wall time of the prefill (the same base pass in every mode)
 
 
 STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
@@ -61,7 +63,9 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
     """Greedy decoding; with k > 0 the backend drafts k tokens per step and the base verifies them."""
     limit = room(prompt_ids, max_new_tokens, backend.context)
     out = Decoded()
+    t0 = time.perf_counter()
     state = backend.prefill(prompt_ids[:-1])
+    out.prefill_seconds = time.perf_counter() - t0
     token = prompt_ids[-1]
     while True:
         # never draft past the limit: that also keeps every fed position inside the context

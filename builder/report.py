@@ -33,6 +33,46 @@ def summary_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+# issue [fast]'s targets: MTP / plain per task, MTP / drafter per task, speedup / tau
+TARGETS = {"plain": {"continue": 1.7, "proofread": 2.0, "summarize": 2.0},
+           "drafter": {"continue": 1.2, "proofread": 1.2, "summarize": 1.5}, "per_tau": 0.75}
+
+
+def targets_table(data: dict) -> str:
+    """The speed targets per runtime and task, each figure two ways: over the whole generation (tokens/s as
+    in the summary) and after the prefill (decode_tokens_per_s: the same prefill in every mode left out),
+    each speculative mode at its best k for that measure. A figure that meets its target is marked *met*."""
+    results = data["results"]
+    if not results or "decode_tokens_per_s" not in results[0]:
+        return ""
+
+    def cell(value: float, target: float, unit: str = "x") -> str:
+        return f"{value:.2f}{unit}" + (" *met*" if value >= target else "")
+
+    lines = ["| runtime | task | MTP / plain: whole, after prefill (target) | MTP / drafter: whole, after prefill "
+             "(target) | speedup / tau: whole, after prefill (target) |", "| --- | --- | --- | --- | --- |"]
+    for runtime in dict.fromkeys(r["runtime"] for r in results):
+        for task in TARGETS["plain"]:
+            rows = {m: [r for r in results if (r["runtime"], r["task"], r["mode"]) == (runtime, task, m)]
+                    for m in ("ar", "mtp", "drafter")}
+            if not all(rows.values()):
+                continue
+            figures = []
+            for key in ("tokens_per_s", "decode_tokens_per_s"):
+                ar, mtp, dr = (max(rows[m], key=lambda r: r[key]) for m in ("ar", "mtp", "drafter"))
+                figures.append((mtp[key] / ar[key], mtp[key] / dr[key], mtp[key] / ar[key] / mtp["tau"]))
+            (p1, d1, t1), (p2, d2, t2) = figures
+            lines.append(f"| {runtime} | {task} | {cell(p1, TARGETS['plain'][task])}, {cell(p2, TARGETS['plain'][task])} "
+                         f"(>= {TARGETS['plain'][task]}) | {cell(d1, TARGETS['drafter'][task])}, "
+                         f"{cell(d2, TARGETS['drafter'][task])} (>= {TARGETS['drafter'][task]}) | "
+                         f"{cell(t1, TARGETS['per_tau'], '')}, {cell(t2, TARGETS['per_tau'], '')} (>= {TARGETS['per_tau']}) |")
+    return ("## Targets (issue [fast]): the whole generation, and after the prefill\n\n"
+            "The prefill (the base reading the prompt) is one and the same pass in every mode, so speculation "
+            "cannot shorten it; a summary's long passage makes it most of a short generation's time. \"after "
+            "prefill\" is the speed at which text streams once it starts (the drafter's own prefill falls inside "
+            "it). Each mode at its best k for that measure.\n\n" + "\n".join(lines) + "\n\n")
+
+
 def full_table(data: dict) -> str:
     lines = ["| runtime | task | mode | k | tokens/s median (min-max) | vs plain | tau | speedup / tau "
              "| acceptance by position | mismatches | near-ties |",
@@ -206,7 +246,7 @@ Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}
 
 {summary_table(data)}
 
-## Memory
+{targets_table(data)}## Memory
 
 {memory_table(data['memory'])}
 

@@ -21,6 +21,8 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     assert len(combos) == 2 * len(tasks) * 5, "runtimes x tasks x (ar, mtp k=1,3, drafter k=1,3)"
     for row in rows:
         assert row["tokens_per_s"] > 0 and len(row["tokens_per_s_rounds"]) == 2
+        # the same tokens over the time after the prefill: faster than over the whole generation
+        assert row["decode_tokens_per_s"] > row["tokens_per_s"] and len(row["decode_tokens_per_s_rounds"]) == 2
         assert row["mismatches"] == 0, row
         assert len(row["accept_by_position"]) == row["k"]
         # mean(accepted + 1) = 1 + sum over i of P(accepted >= i): the two figures must agree (to rounding)
@@ -40,6 +42,7 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     assert all(n > 0 for n in nodes.values()) and nodes["head_k6"] > nodes["head_k1"]
     report = (out.parent / "bench.md").read_text()
     assert "| torch | continue |" in report and "## Memory" in report
+    assert "## Targets (issue [fast])" in report and "| onnx-cpu | summarize | " in report
     assert "## Where a step's time goes (onnx-cpu" in report and "\n| 3 | " in report
     assert f"Operator nodes per graph: base {nodes['base']}; head k=1 {nodes['head_k1']}," in report
     for png in ("tokens_per_s.png", "acceptance.png", "speed_vs_k.png"):

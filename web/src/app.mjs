@@ -129,7 +129,7 @@ let controller = null;
  * One generation, queued behind any running one so that two decodes never run at once. k and maxNewTokens
  * default to the manifest's `defaults`; trace: true returns every graph run's inputs and outputs.
  * onStep(sofar, ms) sees the decode after every step; an aborted signal stops it at the next step.
- * @returns {Promise<{promptIds, ids, text, steps, accepted, ms, firstTokenMs, backend, precision, mode, k, task,
+ * @returns {Promise<{promptIds, ids, text, steps, accepted, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
  *   stopped, trace?}>}
  */
 function generate({ prompt, task = 'continue', mode = 'mtp', k, maxNewTokens, trace = false, onStep, signal } = {}) {
@@ -168,7 +168,7 @@ function generate({ prompt, task = 'continue', mode = 'mtp', k, maxNewTokens, tr
       backend.close();
     }
     return { promptIds, ids: out.ids, text: tokenizer.decode(out.ids), steps: out.steps, accepted: out.accepted,
-      ms, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
+      ms, prefillMs: out.prefillMs, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
       k: source ? k : 0, task, stopped: out.stopped, ...(trace ? { trace: backend.trace } : {}) };
   });
   chain = job.catch(() => {});

@@ -29,12 +29,14 @@ export function room(promptIds, maxNewTokens, context) {
  * @param {{context: number, prefill: Function, verify: Function, rollback: Function, draft: Function}} backend
  * @param {number[]} promptIds
  * @param {{maxNewTokens: number, eos: number|null, k?: number, onStep?: (out: object) => void, signal?: AbortSignal}} options
- * @returns {Promise<{ids: number[], steps: number, accepted: number[], stopped: string}>}
+ * @returns {Promise<{ids: number[], steps: number, accepted: number[], stopped: string, prefillMs: number}>}
  */
 export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, onStep, signal }) {
   const limit = room(promptIds, maxNewTokens, backend.context);
-  const out = { ids: [], steps: 0, accepted: [], stopped: '' };
+  const out = { ids: [], steps: 0, accepted: [], stopped: '', prefillMs: 0 };
+  const t0 = performance.now();
   let state = await backend.prefill(promptIds.slice(0, -1));
+  out.prefillMs = performance.now() - t0;  // the same base pass in every mode
   let token = promptIds.at(-1);
   while (!signal?.aborted) {
     // never draft past the limit: that also keeps every fed position inside the context
