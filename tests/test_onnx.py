@@ -108,6 +108,24 @@ def test_every_weight_is_stored_once_per_precision(onnx_dir, base, head):
         assert set(heads[0].values()) & set(lm_head.values()), f"{precision}: the head has its own LM head copy"
 
 
+def test_every_residual_norm_of_the_fp32_graphs_is_one_fused_operator(onnx_dir, base):
+    """RMSNorm after a residual sum is onnxruntime's SkipSimplifiedLayerNormalization (8 nodes become 1):
+    in the base, both norms of every layer but the first (which reads the embedding) and the final one; in
+    each draft of the head, the two of its decoder layer. The equality tests run the fused graphs."""
+    m = json.loads((onnx_dir / MANIFEST).read_text())["precisions"]["fp32"]["graphs"]
+
+    def ops(name):
+        graph = onnx.load(str(onnx_dir / m[name]["file"]), load_external_data=False)
+        assert "com.microsoft" in {o.domain for o in graph.opset_import}, name
+        return [n.op_type for n in graph.graph.node]
+
+    layers = base.config.num_hidden_layers
+    assert ops("base").count("SkipSimplifiedLayerNormalization") == 2 * layers
+    assert ops("base").count("Pow") == 1, "only the norm of the embedding stays unfused"
+    for k in (1, 6):
+        assert ops(f"head_k{k}").count("SkipSimplifiedLayerNormalization") == 2 * k
+
+
 @pytest.mark.parametrize("length", [1, 2, 7, 100])
 def test_dynamic_axes_are_dynamic(backend, base, length):
     """A prefill of any length (past S = 0), then a verify of 3 tokens on top: the torch results."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import urllib.request
 from collections import Counter
@@ -334,6 +335,7 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
         page.wait_for_selector("#comparison-verdict.same, #comparison-verdict.differ", timeout=180_000)
         verdict = page.locator("#comparison-verdict").inner_text()
         assert verdict.startswith("Identical text") and "Median of 3 interleaved rounds" in verdict, verdict
+        assert re.search(r"Once the prompt was read \(\d+ ms, the same in every mode\), MTP streamed at \d+\.\d\dx", verdict), verdict
         assert page.locator("#comparison-rows tr").count() == 3
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "phone.png"), full_page=True)
