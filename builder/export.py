@@ -20,6 +20,9 @@ wrappers that only rename and flatten:
 Each graph is exported in every precision asked for: fp32, and fp16 (`*.fp16.onnx`: the same modules
 cast to half, every float input and output float16; RMSNorm and softmax compute in fp32 inside).
 
+In the fp32 graphs each residual RMSNorm and each rotary embedding is one of onnxruntime's fused
+operators (com.microsoft domain, kernels on CPU, WASM and WebGPU; `fuse`): 36 % fewer nodes in the base.
+
 Every weight is stored once per precision. A graph file holds only the graph; its weights are ONNX
 external data in one file per model and precision (`base.data`, `head.data`, `drafter.data`,
 `*.fp16.data`), found by content: the head graphs read the embedding and LM head from `base.data`, and
@@ -152,13 +155,18 @@ def to_onnx(module: nn.Module, args: tuple, spec: dict, dynamic_shapes) -> onnx.
 
 
 def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
-    """RMSNorm as onnxruntime's fused operator, by onnxruntime's own transformer optimizer: each norm of a
-    residual sum (Add, then Pow-ReduceMean-Add-Sqrt-Reciprocal-Mul-Mul) becomes one
-    SkipSimplifiedLayerNormalization (com.microsoft; kernels on CPU, WASM and WebGPU), which also outputs
-    the sum: 8 nodes become 1, about a quarter of the base's nodes. onnxruntime does not fuse this pattern
-    itself when it loads a graph. A norm of anything else (the embedding, the head's inputs) stays as it is:
-    its fused form, SimplifiedLayerNormalization, is an onnxruntime operator in the ONNX domain, which the
-    ONNX checker rejects. The fp16 graphs, whose norms compute in fp32 between Casts, do not match."""
+    """onnxruntime's fused operators where this exporter's graphs have their pattern (7-8 nodes become 1):
+
+    - RMSNorm, by onnxruntime's own transformer optimizer: each norm of a residual sum (Add, then
+      Pow-ReduceMean-Add-Sqrt-Reciprocal-Mul-Mul) becomes one SkipSimplifiedLayerNormalization, which also
+      outputs the sum. onnxruntime does not fuse this pattern itself when it loads a graph. A norm of
+      anything else (the embedding, the head's inputs) stays as it is: its fused form,
+      SimplifiedLayerNormalization, is an onnxruntime operator in the ONNX domain, which the ONNX checker
+      rejects.
+    - Rotary embedding (`fuse_rotary`), which onnxruntime's optimizer does not match here.
+
+    Both are com.microsoft operators with kernels on CPU, WASM and WebGPU. The fp16 graphs, whose norms and
+    rotary angles compute in fp32 between Casts, do not match and stay as they are."""
     from onnxruntime.transformers.fusion_simplified_layernorm import (
         FusionSimplifiedLayerNormalization, FusionSkipSimplifiedLayerNormalization)
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -175,10 +183,66 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = OnnxModel(model)
     for fusion in (ResidualNorms, FusionSkipSimplifiedLayerNormalization):
         fusion(graph).apply()
+    fuse_rotary(graph)
     graph.topological_sort()
     if any(n.domain == "com.microsoft" for n in graph.model.graph.node):
         graph.model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     return graph.model
+
+
+def fuse_rotary(graph) -> None:
+    """Each rotary embedding of q or k as this exporter writes it (model.py's half-split rotate_half):
+
+        x = Reshape(proj, [1, -1, H, D]);  a, b = Split(x, axis=3)
+        out = Add(Mul(x, Unsqueeze(Cos(e))), Mul(Concat(Neg(b), a), Unsqueeze(Sin(e))));  e = Concat(f, f)
+
+    becomes out = Reshape(RotaryEmbedding(proj, [0], Cos(f), Sin(f)), [1, -1, H, D]) with com.microsoft's
+    RotaryEmbedding: f (T, D/2) holds the angles of the T fed positions, so its tables are those rows
+    and the position ids their offset, 0. The same values as before, computed by the same operators;
+    the nodes left unused go."""
+    producer, consumers = graph.output_name_to_node(), graph.input_name_to_nodes()
+    parent = lambda node, i: producer.get(node.input[i]) if len(node.input) > i else None  # noqa: E731
+
+    def angles(unsqueezed: str, op: str) -> str | None:
+        """f's name behind Unsqueeze(Cos|Sin(Concat(f, f))), or None."""
+        u = producer.get(unsqueezed)
+        trig = parent(u, 0) if u is not None and u.op_type == "Unsqueeze" else None
+        cat = parent(trig, 0) if trig is not None and trig.op_type == op else None
+        return cat.input[0] if cat is not None and cat.op_type == "Concat" and len(set(cat.input)) == 1 else None
+
+    tables, remove, add = {}, [], []  # f -> (cos, sin) of the new nodes
+    for node in graph.get_nodes_by_op_type("Add"):
+        muls = [producer.get(i) for i in node.input]
+        if len(muls) != 2 or any(m is None or m.op_type != "Mul" for m in muls):
+            continue
+        for m_cos, m_sin in (muls, muls[::-1]):
+            cat = parent(m_sin, 0)
+            neg = parent(cat, 0) if cat is not None and cat.op_type == "Concat" else None
+            split = parent(neg, 0) if neg is not None and neg.op_type == "Neg" else None
+            if (split is None or split.op_type != "Split" or list(cat.input[1:]) != [split.output[0]]
+                    or neg.input[0] != split.output[1] or m_cos.input[0] != split.input[0]):
+                continue
+            x = producer.get(split.input[0])
+            f = angles(m_cos.input[1], "Cos")
+            if (x is None or x.op_type != "Reshape" or f is None or f != angles(m_sin.input[1], "Sin")
+                    or {n.name for n in consumers[x.output[0]]} != {split.name, m_cos.name}):
+                continue
+            if f not in tables:
+                tables[f] = (f"{f}_cos", f"{f}_sin")
+                add += [onnx.helper.make_node("Cos", [f], [f"{f}_cos"], name=f"{f}_cos"),
+                        onnx.helper.make_node("Sin", [f], [f"{f}_sin"], name=f"{f}_sin")]
+            out, (cos, sin) = node.output[0], tables[f]
+            heads = int(graph.get_constant_value(x.input[1])[2])
+            add += [onnx.helper.make_node("RotaryEmbedding", [x.input[0], "rotary_offset", cos, sin], [f"{out}_rotary"],
+                                          name=f"{out}_rotary", domain="com.microsoft", interleaved=0, num_heads=heads),
+                    onnx.helper.make_node("Reshape", [f"{out}_rotary", x.input[1]], [out], name=f"{out}_reshape")]
+            remove += [node, m_cos, m_sin, cat, neg, split]
+            break
+    if add:
+        graph.add_initializer(onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "rotary_offset"))
+        graph.remove_nodes(remove)
+        graph.add_nodes(add)
+        graph.prune_graph()
 
 
 def untranspose(model: onnx.ModelProto, module: nn.Module) -> onnx.ModelProto:
