@@ -21,7 +21,7 @@ Each graph is exported in every precision asked for: fp32, and fp16 (`*.fp16.onn
 cast to half, every float input and output float16; RMSNorm and softmax compute in fp32 inside).
 
 In the fp32 graphs each residual RMSNorm and each rotary embedding is one of onnxruntime's fused
-operators (com.microsoft domain, kernels on CPU, WASM and WebGPU; `fuse`): 36 % fewer nodes in the base.
+operators (com.microsoft domain, kernels on CPU, WASM and WebGPU; `fuse`): 35 % fewer nodes in the base.
 
 Every weight is stored once per precision. A graph file holds only the graph; its weights are ONNX
 external data in one file per model and precision (`base.data`, `head.data`, `drafter.data`,
