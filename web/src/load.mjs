@@ -149,22 +149,8 @@ async function fetchRuntime(onProgress) {
   const cache = await openCache();
   const hit = await cache?.match(key).catch(() => null);
   if (hit) return new Uint8Array(await hit.arrayBuffer());
-  let response;
-  try {
-    response = await fetch(url);
-  } catch (e) {
-    throw new PageError(`could not download ${url} (${e.message})`);
-  }
-  if (!response.ok) throw new PageError(`could not download ${url}: HTTP ${response.status} ${response.statusText}`);
-  const total = Number(response.headers.get('content-length')) || 0;
   let loaded = 0;
-  const data = new Uint8Array(await new Response(response.body.pipeThrough(new TransformStream({
-    transform(chunk, controller) {
-      loaded += chunk.length;
-      onProgress?.(loaded, total, 'the WebAssembly runtime');
-      controller.enqueue(chunk);
-    },
-  }))).arrayBuffer());
+  const data = await fetchBytes(url, { onBytes: (n, total) => onProgress?.(loaded += n, total, 'the WebAssembly runtime') });
   if (cache) {
     for (const old of await cache.keys()) if (old.url.startsWith(`${url.href}?`) && old.url !== key) await cache.delete(old);
     await cache.put(key, new Response(data)).catch(() => {});
@@ -182,7 +168,10 @@ async function pruneCache(modelsUrl, manifest) {
   }
 }
 
-/** Fetches a file of the site, reporting bytes as they arrive; checks its sha256 when one is given. */
+/**
+ * Fetches a file of the site, reporting bytes as they arrive (with the size the server announced, or 0);
+ * checks its sha256 when one is given.
+ */
 async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
   let response;
   try {
@@ -192,11 +181,12 @@ async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
   }
   if (response.status === 404) throw new PageError(`${url} is missing from the site (HTTP 404): rebuild the site`);
   if (!response.ok) throw new PageError(`could not download ${url}: HTTP ${response.status} ${response.statusText}`);
+  const total = Number(response.headers.get('content-length')) || 0;
   const reader = response.body.getReader();
   const chunks = [];
   for (let got; !(got = await reader.read()).done;) {
     chunks.push(got.value);
-    onBytes?.(got.value.length);
+    onBytes?.(got.value.length, total);
   }
   const data = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
   chunks.reduce((at, c) => { data.set(c, at); return at + c.length; }, 0);
