@@ -35,6 +35,17 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def task_counts(text: str) -> dict[str, int]:
+    """"summarize=4000,proofread=700" -> {"summarize": 4000, "proofread": 700}."""
+    out = {}
+    for part in text.split(","):
+        task, _, n = part.partition("=")
+        if task.strip() not in ("continue", "proofread", "summarize") or not n.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"want TASK=N,.. with TASK continue, proofread or summarize, got {part!r}")
+        out[task.strip()] = int(n)
+    return out
+
+
 def port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"must be a whole number between 0 and 65535, got {text!r}")
@@ -125,6 +136,11 @@ def build_parser() -> Parser:
     h.add_argument("--kv-layer", type=int, help="the base layer whose KV cache the head reads (default: the layer "
                                                 "with the strongest induction head, measured on the base)")
     h.add_argument("--restart", action="store_true", help="discard a checkpoint in HEAD/checkpoint/ and start over")
+    h.add_argument("--lr", type=float, help="peak learning rate (default 0.0015)")
+    h.add_argument("--task-prompts", type=task_counts, help="prompts per task where they differ from "
+                                                            "--prompts-per-task, e.g. summarize=4000,proofread=700")
+    h.add_argument("--init", help="a head trained for this base to go on training (a second stage on more data, "
+                                  "e.g. another --seed); it keeps its architecture and base layer")
     r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
     r.add_argument("--base", default="models/base", help="base checkpoint directory")
     r.add_argument("--head", default="models/mtp", help="MTP head directory")
@@ -288,7 +304,7 @@ def cmd_train_head(args) -> None:
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
     options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
                "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets,
-               "kv_layer": args.kv_layer}
+               "kv_layer": args.kv_layer, "lr": args.lr, "task_prompts": args.task_prompts, "init": args.init}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))

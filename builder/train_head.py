@@ -35,7 +35,7 @@ from tqdm import tqdm
 from .corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, proofread_pairs, summary_pairs, validation_prompts
 from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
 from .model import CheckpointError, Llama, load_llama
-from .mtp import HeadConfig, MTPHead, base_fingerprint, induction_scores, save_head
+from .mtp import HeadConfig, MTPHead, base_fingerprint, induction_scores, load_head, save_head
 from .tasks import encode_prompt, encode_text, load_tokenizer
 from .train_base import lr_at
 
@@ -56,26 +56,30 @@ class HeadTrainConfig:
     targets: str = "distribution"  # "greedy": the base's token; "distribution": its whole next-token distribution
     kv_layer: int | None = None   # the base layer whose KV cache the head reads; None: the one with the
                                   # strongest induction head (mtp.induction_scores), where copying lives
+    task_prompts: dict[str, int] | None = None  # prompts of these tasks instead of prompts_per_task
+    init: str | None = None       # a head (directory) trained for this base to go on from: a second stage
+                                  # on more data; its architecture and base layer are kept
 
 
 # --- 1. the base's own continuations --------------------------------------------------------------
 
-def training_prompts(tok, corpus: Corpus, n: int, seed: int) -> list[list[int]]:
+def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str, int] | None = None) -> list[list[int]]:
     """Prompt ids of every task from the training split: continue prefixes of 4-40 tokens, proofread
-    sentences with typos, summarize passages (n of each, or as many as there are)."""
+    sentences with typos, summarize passages (n of each, or per_task[task], or as many as there are)."""
     rng = random.Random(seed)
     prompts = []
+    count = lambda task, pool: min((per_task or {}).get(task, n), len(pool))  # noqa: E731
     prefix = tok.tasks["continue"]["prefix"]
-    for text in rng.sample(corpus.train, min(n, len(corpus.train))):
+    for text in rng.sample(corpus.train, count("continue", corpus.train)):
         ids = encode_text(tok, text)
         prompts.append(prefix + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
     # fresh typos (another seed than the base's training pairs): the base has not memorised these fixes
     pairs = proofread_pairs(corpus.train, seed + 1000)
-    for typo, _ in rng.sample(pairs, min(n, len(pairs))):
+    for typo, _ in rng.sample(pairs, count("proofread", pairs)):
         prompts.append(encode_prompt(tok, "proofread", typo))
     if "summarize" in tok.tasks:  # passages of the training sections (none in a user's plain text files)
         passages = summary_pairs(corpus.train_sections)
-        for passage, _ in rng.sample(passages, min(n, len(passages))):
+        for passage, _ in rng.sample(passages, count("summarize", passages)):
             prompts.append(encode_prompt(tok, "summarize", passage))
     return prompts
 
@@ -252,9 +256,10 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     if not 0 <= kv_layer < len(scores):
         raise CheckpointError(f"--kv-layer {kv_layer}: the base has layers 0..{len(scores) - 1}")
     t0 = time.time()
-    prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed)
-    key = {"config": asdict(cfg), "base": before,
-           "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}  # what a resumed run must share
+    prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts)
+    key = {"config": asdict(cfg), "base": before,  # what a resumed run must share
+           "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+           "init": hashlib.sha256((Path(cfg.init) / "model.safetensors").read_bytes()).hexdigest() if cfg.init else None}
     saved = resumable(checkpoint, key, note)
     if saved:
         data = saved["data"]
@@ -264,12 +269,18 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         data = distilled(base, before, prompts, cfg.new_tokens, note)
     data_seconds = time.time() - t0
 
-    head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer))
-    g = torch.Generator().manual_seed(cfg.seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    if cfg.init:  # checked against this base by fingerprint; it keeps its own base layer and chain length
+        head = load_head(cfg.init, base.cpu()).train()
+        base.to(device)
+        if head.config.k_train != cfg.k:
+            raise CheckpointError(f"the head in {cfg.init} was trained for k = {head.config.k_train}, not {cfg.k}")
+    else:
+        head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer))
+        g = torch.Generator().manual_seed(cfg.seed)
+        with torch.no_grad():
+            for name, p in head.named_parameters():
+                if p.dim() >= 2:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     head.to(device)
     model = Objective(head)
     if world > 1:
@@ -418,6 +429,9 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
             return log  # rank 0 saves the head, measures it and writes the card
     base, head = base.cpu(), head.cpu()
     log.update(base=str(base_dir), data=str(data or "built-in corpus"))
+    if cfg.init and (Path(cfg.init) / "train_log.json").is_file():  # the stages before this one, for the card
+        before = json.loads((Path(cfg.init) / "train_log.json").read_text())
+        log["init_log"] = {k: v for k, v in before.items() if k != "acceptance"}
     save_head(head, out)
     note(f"measuring tau on {cfg.eval_prompts} held-back prompts per task")
     prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)), tasks=tuple(tok.tasks))
@@ -428,6 +442,36 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
     return log
 
 
+def stage_command(log: dict) -> str:
+    """The train-head command line that reproduces one stage (its settings that differ from the defaults)."""
+    t, d = log["train_config"], asdict(HeadTrainConfig())
+    flags = {"seed": "--seed", "steps": "--steps", "prompts_per_task": "--prompts-per-task", "batch_size": "--batch-size",
+             "lr": "--lr", "targets": "--targets", "kv_layer": "--kv-layer", "init": "--init"}
+    parts = [f"{flag} {t[key]}" for key, flag in flags.items() if t.get(key, d[key]) != d[key]]
+    if t.get("task_prompts"):
+        parts.append("--task-prompts " + ",".join(f"{k}={v}" for k, v in t["task_prompts"].items()))
+    if log.get("data") not in (None, "built-in corpus"):
+        parts.append(f"--data {log['data']}")
+    return " ".join(["python -m builder train-head"] + parts)
+
+
+def stage_text(log: dict) -> str:
+    """One training stage, in words: its data, its targets, its steps and time."""
+    t = log["train_config"]
+    target = ("the base's whole next-token distribution (soft targets)" if t.get("targets") == "distribution"
+              else "the base's greedy token")
+    counts = {task: (t.get("task_prompts") or {}).get(task, t["prompts_per_task"]) for task in ("continue", "proofread", "summarize")}
+    prompts = (f"{t['prompts_per_task']} training-split prompts per task the base offers" if len(set(counts.values())) == 1
+               else "training-split prompts, " + ", ".join(f"{n} {task}" for task, n in counts.items()) + " (or as many as the data offers)")
+    start = f"from the head in `{t['init']}`" if t.get("init") else "from random weights"
+    return f"""{prompts} (`continue` prefixes, `proofread`
+sentences with typos, `summarize` passages; seed {t['seed']}); the base wrote its own greedy continuation of each
+({log['sequences']} sequences, {log['distilled_tokens']:,} tokens, {log['data_seconds']} s). The head, {start}, was trained to
+predict {target} at each of the {t['k']} draft positions of every anchor, its own hidden state fed back:
+{t['steps']} AdamW steps of {t['batch_size']} sequences, lr {t['lr']}, **{log['train_seconds'] / 60:.0f} minutes** on a
+2-core CPU; final training loss {log['final_loss']:.3f}. `{stage_command(log)}`"""
+
+
 def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
     acc = log["acceptance"]
     rows = "\n".join(
@@ -436,8 +480,9 @@ def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
     t = log["train_config"]
     base = log.get("base", "models/base")
     scores = log.get("induction_scores")
-    target = ("the base's whole next-token distribution (soft targets)" if t.get("targets") == "distribution"
-              else "the base's greedy token")
+    stages = [log] if "init_log" not in log else [log["init_log"], log]
+    training = (stage_text(log) if len(stages) == 1 else "\n\n".join(
+        f"**Stage {i}.** " + stage_text(st) for i, st in enumerate(stages, 1)))
     layer_why = "set by `--kv-layer`" if t.get("kv_layer") is not None else "the layer with the strongest induction head"
     if scores:
         layer_why += (" (a copying circuit: on random tokens repeated, the attention a query pays to the token after"
@@ -446,7 +491,7 @@ def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
 
 A multi-token-prediction head trained on the **frozen** base in `{base}` (fingerprint
 `{hc.base_fingerprint[:16]}...` in `config.json`; loading it against another base fails). Reproduce it
-with `python -m builder train-head` (seeded).
+with the command{"s" if len(stages) > 1 else ""} under Training (seeded).
 
 ## Architecture
 
@@ -465,13 +510,9 @@ head and keeps no cache over the prompt: no prefill.
 
 ## Training (self-distillation, base frozen)
 
-{t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, `proofread`
-sentences with typos, `summarize` passages); the base wrote its own greedy continuation of each ({log['sequences']} sequences, {log['distilled_tokens']:,}
-tokens, {log['data_seconds']} s). The head was trained to predict {target} at each of the
-{t['k']} draft positions of every anchor, its own hidden state fed back: {t['steps']} AdamW steps of
-{t['batch_size']} sequences, lr {t['lr']}, seed {t['seed']}, **{log['train_seconds'] / 60:.0f} minutes** on a 2-core CPU.
+{training}
+
 The base's parameters never required gradients and were checked bit-for-bit unchanged afterwards.
-Final training loss {log['final_loss']:.3f}.
 
 ## Acceptance on validation prompts (never trained on)
 

@@ -126,6 +126,33 @@ def test_the_layer_the_head_reads_can_be_chosen(corpus, tmp_path):
         train_head(tiny, tok, small, HeadTrainConfig(kv_layer=2, **cfg))
 
 
+def test_a_second_stage_goes_on_from_a_trained_head(corpus, tmp_path):
+    """--init: the head's own weights are where training starts (zero steps leave them as they were), it
+    keeps its base layer, --task-prompts sets each task's share of the data, and a head of another base
+    is refused."""
+    from builder.train_head import training_prompts
+
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    cfg = dict(prompts_per_task=4, new_tokens=4, batch_size=4, k=2)
+    first, _ = train_head(tiny, tok, small, HeadTrainConfig(steps=2, kv_layer=0, **cfg))
+    save_head(first, tmp_path / "first")
+    kept, _ = train_head(tiny, tok, small, HeadTrainConfig(steps=2, lr=0.0, seed=1, init=str(tmp_path / "first"), **cfg))
+    assert kept.config.kv_layer == 0
+    for name, t in first.state_dict().items():
+        assert torch.equal(t, kept.state_dict()[name]), f"{name}: a stage at lr 0 changed the head it started from"
+    moved, _ = train_head(tiny, tok, small, HeadTrainConfig(steps=2, seed=1, init=str(tmp_path / "first"), **cfg))
+    assert any(not torch.equal(t, moved.state_dict()[n]) for n, t in first.state_dict().items())
+
+    prompts = training_prompts(tok, small, 4, seed=1, per_task={"continue": 3, "proofread": 1})
+    counts = {task: sum(p[: len(f["prefix"])] == f["prefix"] for p in prompts) for task, f in tok.tasks.items()}
+    assert counts["continue"] == 3 and counts["proofread"] == 1, counts  # (this small corpus has no summaries)
+
+    other = Llama(tiny.config)
+    other.init_weights(seed=1)
+    with pytest.raises(CheckpointError, match="another base"):
+        train_head(other.eval(), tok, small, HeadTrainConfig(steps=1, init=str(tmp_path / "first"), **cfg))
+
+
 def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch):
     """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
     uninterrupted run. A run with other settings ignores the checkpoint."""
