@@ -461,11 +461,14 @@ def stage_text(log: dict) -> str:
     target = ("the base's whole next-token distribution (soft targets)" if t.get("targets") == "distribution"
               else "the base's greedy token")
     counts = {task: (t.get("task_prompts") or {}).get(task, t["prompts_per_task"]) for task in ("continue", "proofread", "summarize")}
-    prompts = (f"{t['prompts_per_task']} training-split prompts per task the base offers" if len(set(counts.values())) == 1
-               else "training-split prompts, " + ", ".join(f"{n} {task}" for task, n in counts.items()) + " (or as many as the data offers)")
+    if len(set(counts.values())) == 1:
+        prompts = (f"{t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, "
+                   f"`proofread`\nsentences with typos, `summarize` passages; seed {t['seed']})")
+    else:
+        prompts = (f"{counts['continue']} `continue` prefixes, {counts['proofread']} `proofread` sentences with typos and "
+                   f"{counts['summarize']}\n`summarize` passages of the training split (fewer where it has fewer; seed {t['seed']})")
     start = f"from the head in `{t['init']}`" if t.get("init") else "from random weights"
-    return f"""{prompts} (`continue` prefixes, `proofread`
-sentences with typos, `summarize` passages; seed {t['seed']}); the base wrote its own greedy continuation of each
+    return f"""{prompts}; the base wrote its own greedy continuation of each
 ({log['sequences']} sequences, {log['distilled_tokens']:,} tokens, {log['data_seconds']} s). The head, {start}, was trained to
 predict {target} at each of the {t['k']} draft positions of every anchor, its own hidden state fed back:
 {t['steps']} AdamW steps of {t['batch_size']} sequences, lr {t['lr']}, **{log['train_seconds'] / 60:.0f} minutes** on a
