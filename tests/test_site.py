@@ -337,6 +337,8 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
         assert verdict.startswith("Identical text") and "Median of 3 interleaved rounds" in verdict, verdict
         assert re.search(r"Once the prompt was read \(\d+ ms, the same in every mode\), MTP streamed at \d+\.\d\dx", verdict), verdict
         assert page.locator("#comparison-rows tr").count() == 3
+        mtp_row = page.locator("#comparison-rows tr", has_text="MTP k=")
+        assert f"MTP ran at {mtp_row.locator('td').nth(3).inner_text()} the plain speed" in verdict, "the table and the verdict disagree"
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "phone.png"), full_page=True)
         assert p.errors == []

@@ -304,7 +304,7 @@ const range = (xs, f) => `${f(Math.min(...xs))}-${f(Math.max(...xs))}`;
  * Compare: every mode on the same prompt, timed so that a second click gives the same verdict. A warm-up
  * run of each mode first (sessions opened, kernels compiled: nothing cold is timed), then
  * COMPARE_ROUNDS rounds, each running every mode in a rotated order (no mode always first); the table
- * shows each mode's median speed with its min-max, the verdict the median of the per-round ratios.
+ * shows each mode's median speed with its min-max and, as the verdict, the median of its per-round ratios to plain.
  */
 async function onCompare() {
   clearError();
@@ -332,25 +332,27 @@ async function onCompare() {
     const speed = (r) => r.ids.length / (r.ms / 1000);
     // once the prompt is read: the prefill is the same base pass in every mode, so speculation cannot shorten it
     const streaming = (r) => r.ids.length / ((r.ms - r.prefillMs) / 1000);
+    const plain = runs.ar;
+    // each round's ratio to that round's plain run (the machine's speed drifts between rounds; within one
+    // round the modes ran back to back): the table's last column and the verdict quote the same figure
+    const ratio = (mode, f = speed) => {
+      const xs = runs[mode].map((r, i) => f(r) / f(plain[i]));
+      return `${median(xs).toFixed(2)}x (${range(xs, (x) => x.toFixed(2))})`;
+    };
     for (const mode of modes) {
       const rs = runs[mode];
       const tr = document.createElement('tr');
       for (const cell of [MODES[mode] + (mode !== 'ar' ? ` k=${rs[0].k}` : ''),
         `${median(rs.map(speed)).toFixed(1)} (${range(rs.map(speed), (x) => x.toFixed(0))})`,
-        String(rs[0].steps), String(Math.round(median(rs.map((r) => r.ms))))]) {
+        String(rs[0].steps), mode === 'ar' ? '1x' : ratio(mode)]) {
         const td = document.createElement('td');
         td.textContent = cell;
         tr.append(td);
       }
       rows.append(tr);
     }
-    const plain = runs.ar;
     const all = modes.flatMap((m) => runs[m]);
     const differs = all.find((r) => r.ids.length !== plain[0].ids.length || r.ids.some((id, i) => id !== plain[0].ids[i]));
-    const ratio = (mode, f = speed) => {
-      const xs = runs[mode].map((r, i) => f(r) / f(plain[i]));
-      return `${median(xs).toFixed(2)}x (${range(xs, (x) => x.toFixed(2))})`;
-    };
     $('comparison-verdict').textContent = differs
       ? `The ${MODES[differs.mode]} text differs from the plain one: please report this.`
       : `Identical text, ${plain[0].ids.length} tokens. Median of ${COMPARE_ROUNDS} interleaved rounds after a warm-up: `
