@@ -116,10 +116,15 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
     return run, profile
 
 
+def page_generate(page, text: str, task: str, mode: str, k: int, n: int, trace: bool = False) -> dict:
+    """The page's frozenMTP.generate (CONTRACT.md) on one prompt; k is ignored in mode "ar"."""
+    return page.evaluate("(o) => window.frozenMTP.generate(o)", {
+        "prompt": text, "task": task, "mode": mode, "k": max(k, 1), "maxNewTokens": n, "trace": trace})
+
+
 def browser_runner(page):
     def run(prompt_ids, text, task, mode, k, n):
-        r = page.evaluate("(o) => window.frozenMTP.generate(o)",
-                          {"prompt": text, "task": task, "mode": mode, "k": max(k, 1), "maxNewTokens": n})
+        r = page_generate(page, text, task, mode, k, n)
         if r["promptIds"] != prompt_ids:
             raise RuntimeError(f"the page encodes {text!r} differently from Python")
         return r["ids"], r["steps"], r["accepted"], r["ms"] / 1000, r["prefillMs"] / 1000
@@ -135,8 +140,7 @@ def count_dispatches(page, prompts: dict, ks) -> dict:
         _, text = items[0]
         out[task] = {}
         for mode, k in [("ar", 0)] + [("mtp", k) for k in ks]:
-            r = page.evaluate("(o) => window.frozenMTP.generate(o)", {"prompt": text, "task": task, "mode": mode,
-                                                                      "k": max(k, 1), "maxNewTokens": 8, "trace": True})
+            r = page_generate(page, text, task, mode, k, 8, trace=True)
             steps = r["trace"][1:]  # the first run is the prefill
             base = [t["dispatches"] for t in steps if t["graph"] == "base"]
             head = [t["dispatches"] for t in steps if t["graph"] != "base"]
@@ -155,9 +159,7 @@ def page_profile(page, prompts: dict, plan: Plan) -> dict:
     for task, items in prompts.items():
         for _, text in items[: plan.prompts]:
             for mode, k in modes(plan.ks):
-                r = page.evaluate("(o) => window.frozenMTP.generate(o)", {
-                    "prompt": text, "task": task, "mode": mode, "k": max(k, 1), "maxNewTokens": plan.new_tokens,
-                    "trace": True})
+                r = page_generate(page, text, task, mode, k, plan.new_tokens, trace=True)
                 for run in r["trace"]:
                     graph = run["graph"]
                     what = (f"head k={k}" if graph.startswith("head")

@@ -210,6 +210,7 @@ def fuse_rotary(graph) -> None:
         cat = parent(trig, 0) if trig is not None and trig.op_type == op else None
         return cat.input[0] if cat is not None and cat.op_type == "Concat" and len(set(cat.input)) == 1 else None
 
+    axis = lambda node: next((a.i for a in node.attribute if a.name == "axis"), 0)  # noqa: E731
     tables, remove, add = {}, [], []  # f -> (cos, sin) of the new nodes
     for node in graph.get_nodes_by_op_type("Add"):
         muls = [producer.get(i) for i in node.input]
@@ -219,7 +220,8 @@ def fuse_rotary(graph) -> None:
             cat = parent(m_sin, 0)
             neg = parent(cat, 0) if cat is not None and cat.op_type == "Concat" else None
             split = parent(neg, 0) if neg is not None and neg.op_type == "Neg" else None
-            if (split is None or split.op_type != "Split" or list(cat.input[1:]) != [split.output[0]]
+            if (split is None or split.op_type != "Split" or axis(split) not in (3, -1)
+                    or axis(cat) not in (3, -1) or list(cat.input[1:]) != [split.output[0]]
                     or neg.input[0] != split.output[1] or m_cos.input[0] != split.input[0]):
                 continue
             x = producer.get(split.input[0])

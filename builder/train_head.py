@@ -5,8 +5,8 @@
 2. For every sequence the frozen base runs once (no gradients) and gives its hidden states and its KV
    cache. Every position t from the last-but-one prompt token on is an anchor, as at decode time: the
    head drafts the chain seq[t+2], seq[t+3], .. from (hidden[t], seq[t+1]) and the base's cache up to
-   t, its own output hidden fed to the next draft. The loss is cross-entropy with the base's greedy
-   token at each of the k draft positions.
+   t, its own output hidden fed to the next draft. The loss is cross-entropy with the base's whole
+   next-token distribution (or, with targets="greedy", its greedy token) at each of the k draft positions.
    The chain is fed the base's tokens, not the head's own drafts: a draft only matters when every draft
    before it was accepted, i.e. equal to the base's token, so on every chain that counts the two agree.
 3. The base's parameters have requires_grad off and are checked bit-for-bit unchanged at the end.
@@ -475,6 +475,11 @@ predict {target} at each of the {t['k']} draft positions of every anchor, its ow
 2-core CPU; final training loss {log['final_loss']:.3f}. `{stage_command(log)}`"""
 
 
+def training_stages(log: dict) -> list[dict]:
+    """Every training stage of a head, first to last: each stage's log holds the one it went on from."""
+    return (training_stages(log["init_log"]) if "init_log" in log else []) + [log]
+
+
 def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
     acc = log["acceptance"]
     rows = "\n".join(
@@ -483,7 +488,7 @@ def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
     t = log["train_config"]
     base = log.get("base", "models/base")
     scores = log.get("induction_scores")
-    stages = [log] if "init_log" not in log else [log["init_log"], log]
+    stages = training_stages(log)
     training = (stage_text(log) if len(stages) == 1 else "\n\n".join(
         f"**Stage {i}.** " + stage_text(st) for i, st in enumerate(stages, 1)))
     layer_why = "set by `--kv-layer`" if t.get("kv_layer") is not None else "the layer with the strongest induction head"
