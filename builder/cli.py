@@ -139,8 +139,10 @@ def build_parser() -> Parser:
     h.add_argument("--lr", type=float, help="peak learning rate (default 0.0015)")
     h.add_argument("--task-prompts", type=task_counts, help="prompts per task where they differ from "
                                                             "--prompts-per-task, e.g. summarize=4000,proofread=700")
+    h.add_argument("--layers", type=positive_int, help="the head's decoder layers (default 1); with --init, more than the "
+                   "head has adds layers that start as the identity (a deeper second stage)")
     h.add_argument("--init", help="a head trained for this base to go on training (a second stage on more data, "
-                                  "e.g. another --seed); it keeps its architecture and base layer")
+                                  "e.g. another --seed); it keeps its architecture (but --layers may add layers) and base layer")
     r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
     r.add_argument("--base", default="models/base", help="base checkpoint directory")
     r.add_argument("--head", default="models/mtp", help="MTP head directory")
@@ -304,7 +306,8 @@ def cmd_train_head(args) -> None:
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
     options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
                "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets,
-               "kv_layer": args.kv_layer, "lr": args.lr, "task_prompts": args.task_prompts, "init": args.init}
+               "kv_layer": args.kv_layer, "lr": args.lr, "task_prompts": args.task_prompts, "init": args.init,
+               "layers": args.layers}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))

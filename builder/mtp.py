@@ -4,9 +4,10 @@ One draft step (EAGLE / Gemma-4 MTP style), for the draft at position p = anchor
 
     z = fc([norm(embed(token at p)); norm(h)])          h: the base's final hidden state at the anchor
                                                           (j = 1), then the head's own output (j > 1)
-    z = z + attn(norm(z))      queries from z; keys/values: the base's cache of layer `kv_layer` at
-                               positions 0..anchor, plus the head's own keys of this chain's drafts
-    z = z + mlp(norm(z))
+    num_layers times:
+        z = z + attn(norm(z))  queries from z; keys/values: the base's cache of layer `kv_layer` at
+                               positions 0..anchor, plus this layer's own keys of the chain's drafts
+        z = z + mlp(norm(z))
     h = norm(z);  draft = argmax(base.lm_head(h))
 
 The head reuses the base's embedding and LM head and reads its KV cache as it is: it has no cache of
@@ -35,6 +36,7 @@ class HeadConfig:
     kv_layer: int                 # which base layer's KV cache the head attends to
     rms_norm_eps: float
     rope_theta: float
+    num_layers: int = 1           # the head's decoder layers (each reads the base's layer kv_layer)
     k_train: int = 6              # draft chain length trained for (the most k it is used with)
     base_fingerprint: str = ""    # base_fingerprint() of the base the head was trained for
 
@@ -123,6 +125,21 @@ class HeadAttention(nn.Module):
         return self.o_proj(y.reshape(B, N, -1))
 
 
+class HeadLayer(nn.Module):
+    """One decoder layer of the head: attention over the base's cache and the chain, then a SwiGLU MLP."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = HeadAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, z, cos, sin, base_k, base_v, base_mask, chain: list):
+        z = z + self.self_attn(self.input_layernorm(z), cos, sin, base_k, base_v, base_mask, chain)
+        return z + self.mlp(self.post_attention_layernorm(z))
+
+
 class MTPHead(nn.Module):
     def __init__(self, cfg: HeadConfig):
         super().__init__()
@@ -131,18 +148,20 @@ class MTPHead(nn.Module):
         self.norm_embed = RMSNorm(C, cfg.rms_norm_eps)
         self.norm_hidden = RMSNorm(C, cfg.rms_norm_eps)
         self.fc = nn.Linear(2 * C, C, bias=False)
-        self.input_layernorm = RMSNorm(C, cfg.rms_norm_eps)
-        self.self_attn = HeadAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(C, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.layers = nn.ModuleList(HeadLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(C, cfg.rms_norm_eps)
 
-    def step(self, hidden, token_embed, positions, base_k, base_v, base_mask, chain):
-        """One draft for every anchor: hidden, token_embed (B, N, C) at positions (N,) -> new hidden (B, N, C)."""
+    def new_chains(self) -> list[list]:
+        """Empty per-layer chains (each layer's keys/values of the drafts so far) for a fresh step."""
+        return [[] for _ in self.layers]
+
+    def step(self, hidden, token_embed, positions, base_k, base_v, base_mask, chains):
+        """One draft for every anchor: hidden, token_embed (B, N, C) at positions (N,) -> new hidden (B, N, C).
+        chains: new_chains() at the first draft, then the same lists (each layer appends its keys)."""
         cos, sin = (t.to(hidden.dtype) for t in rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta))
         z = self.fc(torch.cat((self.norm_embed(token_embed), self.norm_hidden(hidden)), dim=-1))
-        z = z + self.self_attn(self.input_layernorm(z), cos, sin, base_k, base_v, base_mask, chain)
-        z = z + self.mlp(self.post_attention_layernorm(z))
+        for layer, chain in zip(self.layers, chains):
+            z = layer(z, cos, sin, base_k, base_v, base_mask, chain)
         return self.norm(z)
 
     @torch.no_grad()
@@ -161,9 +180,9 @@ class MTPHead(nn.Module):
         if anchor is None:
             anchor = torch.arange(S - 1, S, device=base_k.device)
         mask = (torch.arange(S, device=base_k.device) <= anchor)[None]  # (1, S)
-        tok, chain, logits = token, [], []
+        tok, chains, logits = token, self.new_chains(), []
         for j in range(1, k + 1):
-            hidden = self.step(hidden, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chain)
+            hidden = self.step(hidden, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chains)
             logits.append(base.lm_head(hidden))  # (1, 1, V)
             tok = logits[-1].argmax(dim=-1)  # (1, 1): fed to the next step
         # one argmax over all the chain's logits rather than a concatenation of its token ids:
@@ -172,6 +191,25 @@ class MTPHead(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def grow(head: MTPHead, num_layers: int, seed: int = 0) -> MTPHead:
+    """The head with decoder layers appended up to num_layers. Each new layer starts as the identity (its
+    attention and MLP output projections zero, the rest random), so training goes on from exactly the
+    head it was: a deeper second stage."""
+    cfg = HeadConfig(**{**asdict(head.config), "num_layers": num_layers})
+    deeper = MTPHead(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in deeper.layers[head.config.num_layers:]:
+            for p in layer.parameters():
+                if p.dim() >= 2:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    missing, unexpected = deeper.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("layers.") for k in missing), (missing, unexpected)
+    return deeper.to(next(head.parameters()).device)
 
 
 def save_head(head: MTPHead, directory: str | Path, extra: dict | None = None) -> None:
@@ -193,6 +231,9 @@ def read_head_config(directory: str | Path) -> HeadConfig:
     return HeadConfig(**{f.name: d[f.name] for f in fields(HeadConfig) if f.name in d})
 
 
+LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}  # a HeadLayer's
+
+
 def load_head(directory: str | Path, base: Llama) -> MTPHead:
     """Loads a head and checks it was trained for this very base (by fingerprint)."""
     cfg = read_head_config(directory)
@@ -202,8 +243,11 @@ def load_head(directory: str | Path, base: Llama) -> MTPHead:
                               f"{cfg.base_fingerprint[:12]}, this base is {fp[:12]}): train a head for it "
                               f"with `python -m builder train-head`")
     head = MTPHead(cfg)
+    state = load_state(directory)
+    # a one-layer head saved before heads had layers kept its layer's weights at the top level
+    state = {(f"layers.0.{k}" if k.split(".")[0] in LAYER_PARTS else k): v for k, v in state.items()}
     try:
-        head.load_state_dict(load_state(directory))
+        head.load_state_dict(state)
     except RuntimeError as e:
         raise CheckpointError(f"{Path(directory) / 'model.safetensors'} does not match its config.json: "
                               f"{str(e).splitlines()[0]}") from None

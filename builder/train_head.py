@@ -35,7 +35,7 @@ from tqdm import tqdm
 from .corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, proofread_pairs, summary_pairs, validation_prompts
 from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
 from .model import CheckpointError, Llama, load_llama
-from .mtp import HeadConfig, MTPHead, base_fingerprint, induction_scores, load_head, save_head
+from .mtp import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, load_head, save_head
 from .tasks import encode_prompt, encode_text, load_tokenizer
 from .train_base import lr_at
 
@@ -59,6 +59,8 @@ class HeadTrainConfig:
     task_prompts: dict[str, int] | None = None  # prompts of these tasks instead of prompts_per_task
     init: str | None = None       # a head (directory) trained for this base to go on from: a second stage
                                   # on more data; its architecture and base layer are kept
+    layers: int | None = None     # the head's decoder layers (default 1); with init, more than it has adds
+                                  # layers that start as the identity (mtp.grow)
 
 
 # --- 1. the base's own continuations --------------------------------------------------------------
@@ -154,10 +156,10 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
     anchors = torch.arange(a0, N, device=seqs.device)
     mask = torch.arange(N, device=seqs.device)[None] <= anchors[:, None]  # anchor t reads base positions <= t
     embed = base.model.embed_tokens
-    h, chain, total, stats = hidden[:, a0:], [], 0.0, []
+    h, chains, total, stats = hidden[:, a0:], head.new_chains(), 0.0, []
     pad = lambda t, j: F.pad(t[:, j:], (0, j))[:, a0:]  # noqa: E731  shift left by j, zero-padded, from a0
     for j in range(1, k + 1):
-        h = head.step(h, embed(pad(seqs, j)), anchors + j, base_k, base_v, mask, chain)
+        h = head.step(h, embed(pad(seqs, j)), anchors + j, base_k, base_v, mask, chains)
         logits = base.lm_head(h)  # (B, N - a0, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
         count = counts[j - 1] if counts else int(ok.sum())
@@ -274,8 +276,14 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         base.to(device)
         if head.config.k_train != cfg.k:
             raise CheckpointError(f"the head in {cfg.init} was trained for k = {head.config.k_train}, not {cfg.k}")
+        if cfg.layers is not None and cfg.layers < head.config.num_layers:
+            raise CheckpointError(f"--layers {cfg.layers}: the head in {cfg.init} has {head.config.num_layers}; "
+                                  f"a stage can add layers, not remove them")
+        if cfg.layers:
+            head = grow(head, cfg.layers, cfg.seed)
     else:
-        head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer))
+        head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer,
+                                                       num_layers=cfg.layers or 1))
         g = torch.Generator().manual_seed(cfg.seed)
         with torch.no_grad():
             for name, p in head.named_parameters():
@@ -343,7 +351,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                   # tokens (prompt and continuation) of every step the head trained (about: mean length)
                   "trained_tokens": cfg.steps * cfg.batch_size * sum(len(s) for _, s in data) / len(data),
                   "final_loss": sum(l for l, _ in recent) / len(recent),
-                  "head_parameters": head.num_params(), "base_parameters": sum(p.numel() for p in base.parameters()),
+                  "head_parameters": head.num_params(), "head_layers": head.config.num_layers, "base_parameters": sum(p.numel() for p in base.parameters()),
                   "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
 
 
@@ -446,7 +454,7 @@ def stage_command(log: dict) -> str:
     """The train-head command line that reproduces one stage (its settings that differ from the defaults)."""
     t, d = log["train_config"], asdict(HeadTrainConfig())
     flags = {"seed": "--seed", "steps": "--steps", "prompts_per_task": "--prompts-per-task", "batch_size": "--batch-size",
-             "lr": "--lr", "targets": "--targets", "kv_layer": "--kv-layer", "init": "--init"}
+             "lr": "--lr", "targets": "--targets", "kv_layer": "--kv-layer", "init": "--init", "layers": "--layers"}
     parts = [f"{flag} {t[key]}" for key, flag in flags.items() if t.get(key, d[key]) != d[key]]
     if t.get("task_prompts"):
         parts.append("--task-prompts " + ",".join(f"{k}={v}" for k, v in t["task_prompts"].items()))
@@ -468,6 +476,10 @@ def stage_text(log: dict) -> str:
         prompts = (f"{counts['continue']} `continue` prefixes, {counts['proofread']} `proofread` sentences with typos and "
                    f"{counts['summarize']}\n`summarize` passages of the training split (fewer where it has fewer; seed {t['seed']})")
     start = f"from the head in `{t['init']}`" if t.get("init") else "from random weights"
+    added = log.get("head_layers", 1) - log.get("init_log", {}).get("head_layers", 1)
+    if t.get("init") and added > 0:
+        start += (f" with {added} decoder layer{'s' if added > 1 else ''} added after its own (starting as the"
+                  " identity: output projections zero)")
     return f"""{prompts}; the base wrote its own greedy continuation of each
 ({log['sequences']} sequences, {log['distilled_tokens']:,} tokens, {log['data_seconds']} s). The head, {start}, was trained to
 predict {target} at each of the {t['k']} draft positions of every anchor, its own hidden state fed back:
@@ -503,10 +515,10 @@ with the command{"s" if len(stages) > 1 else ""} under Training (seeded).
 
 ## Architecture
 
-One draft step: `fc([norm(embed(token)); norm(hidden)])`, then one decoder layer whose attention takes
-its queries from the head and its keys/values from the base's layer-{hc.kv_layer} KV cache (positions up to the
-anchor) plus the head's own keys of the current chain, a SwiGLU MLP ({hc.intermediate_size} wide) and a final
-RMSNorm; the draft is the argmax of the base's own LM head. The output hidden state feeds the next
+One draft step: `fc([norm(embed(token)); norm(hidden)])`, then {"one decoder layer" if hc.num_layers == 1 else f"{hc.num_layers} decoder layers"}, {"its" if hc.num_layers == 1 else "each with"}
+attention taking its queries from the head and its keys/values from the base's layer-{hc.kv_layer} KV cache
+(positions up to the anchor) plus {"its" if hc.num_layers == 1 else "the layer's"} own keys of the current chain, and a SwiGLU MLP ({hc.intermediate_size} wide),
+then a final RMSNorm; the draft is the argmax of the base's own LM head. The output hidden state feeds the next
 draft, so each draft is conditioned on the previous one. The head reuses the base's embedding and LM
 head and keeps no cache over the prompt: no prefill.
 

@@ -87,6 +87,23 @@ def test_head_trained_for_another_base_is_refused(base, tmp_path):
                  "another base")
 
 
+def test_a_one_layer_head_saved_before_heads_had_layers_still_loads(base, head, tmp_path):
+    """Heads saved before heads had layers kept their one layer's weights at the top level of the file."""
+    from dataclasses import replace
+
+    from safetensors.torch import save_file
+
+    from builder.mtp import MTPHead
+
+    one = MTPHead(replace(head.config, num_layers=1))
+    save_head(one, tmp_path / "old")
+    flat = {k.removeprefix("layers.0."): v.contiguous() for k, v in one.state_dict().items()}
+    assert len(flat) == len(one.state_dict()) and "self_attn.q_proj.weight" in flat
+    save_file(flat, tmp_path / "old" / "model.safetensors")
+    loaded = load_head(tmp_path / "old", base)
+    assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in one.state_dict().items())
+
+
 def tiny_setup(corpus, directory):
     """A tiny random base, its tokenizer (trained into directory) and a small corpus: head training in seconds."""
     from builder.tasks import load_tokenizer
@@ -142,6 +159,18 @@ def test_a_second_stage_goes_on_from_a_trained_head(corpus, tmp_path):
         assert torch.equal(t, kept.state_dict()[name]), f"{name}: a stage at lr 0 changed the head it started from"
     moved, _ = train_head(tiny, tok, small, HeadTrainConfig(steps=2, seed=1, init=str(tmp_path / "first"), **cfg))
     assert any(not torch.equal(t, moved.state_dict()[n]) for n, t in first.state_dict().items())
+
+    # --layers 2: a layer is added after the head's own and starts as the identity (at lr 0 the drafts
+    # are the first stage's); a stage cannot take layers away
+    deeper, _ = train_head(tiny, tok, small, HeadTrainConfig(steps=2, lr=0.0, seed=1, init=str(tmp_path / "first"),
+                                                             layers=2, **cfg))
+    assert deeper.config.num_layers == 2 and deeper.num_params() > first.num_params()
+    _, hidden, cache = tiny(torch.tensor([[5, 17, 42, 8, 99]]))
+    assert deeper.draft(tiny, hidden[0, -1], 7, cache, 2) == first.draft(tiny, hidden[0, -1], 7, cache, 2)
+    save_head(deeper, tmp_path / "deeper")
+    assert load_head(tmp_path / "deeper", tiny).config.num_layers == 2
+    with pytest.raises(CheckpointError, match="add layers, not remove"):
+        train_head(tiny, tok, small, HeadTrainConfig(steps=1, init=str(tmp_path / "deeper"), layers=1, **cfg))
 
     prompts = training_prompts(tok, small, 4, seed=1, per_task={"continue": 3, "proofread": 1})
     counts = {task: sum(p[: len(f["prefix"])] == f["prefix"] for p in prompts) for task, f in tok.tasks.items()}

@@ -109,11 +109,12 @@ def test_every_weight_is_stored_once_per_precision(onnx_dir, base, head):
         assert set(heads[0].values()) & set(lm_head.values()), f"{precision}: the head has its own LM head copy"
 
 
-def test_norms_and_rotary_embeddings_of_the_fp32_graphs_are_fused_operators(onnx_dir, base):
+def test_norms_and_rotary_embeddings_of_the_fp32_graphs_are_fused_operators(onnx_dir, base, head):
     """RMSNorm after a residual sum is onnxruntime's SkipSimplifiedLayerNormalization (8 nodes become 1):
     in the base, both norms of every layer but the first (which reads the embedding) and the final one; in
-    each draft of the head, the two of its decoder layer. Each rotary embedding of q and k is one
-    RotaryEmbedding (7 nodes become 2, with a Reshape). The equality tests run the fused graphs."""
+    each draft of the head, every norm after its first decoder layer's attention (two per layer). Each rotary
+    embedding of q and k is one RotaryEmbedding (7 nodes become 2, with a Reshape). The equality tests run
+    the fused graphs."""
     m = json.loads((onnx_dir / MANIFEST).read_text())["precisions"]["fp32"]["graphs"]
 
     def ops(name):
@@ -125,9 +126,10 @@ def test_norms_and_rotary_embeddings_of_the_fp32_graphs_are_fused_operators(onnx
     assert ops("base")["SkipSimplifiedLayerNormalization"] == 2 * layers
     assert ops("base")["Pow"] == 1, "only the norm of the embedding stays unfused"
     assert ops("base")["RotaryEmbedding"] == 2 * layers and ops("base")["Neg"] == 0
+    per_draft = 2 * head.config.num_layers
     for k in (1, 6):
-        assert ops(f"head_k{k}")["SkipSimplifiedLayerNormalization"] == 2 * k
-        assert ops(f"head_k{k}")["RotaryEmbedding"] == 2 * k and ops(f"head_k{k}")["Neg"] == 0
+        assert ops(f"head_k{k}")["SkipSimplifiedLayerNormalization"] == per_draft * k
+        assert ops(f"head_k{k}")["RotaryEmbedding"] == per_draft * k and ops(f"head_k{k}")["Neg"] == 0
 
 
 @pytest.mark.parametrize("length", [1, 2, 7, 100])

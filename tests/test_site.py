@@ -187,7 +187,7 @@ def test_on_a_host_without_isolation_headers_a_service_worker_adds_them(browser,
 def test_webgpu_dispatches_are_counted_per_run(browser, tiny_url):
     """The GPU regime, counted: every WebGPU run's compute dispatches are in its trace entry, the bench's
     dispatches per step. A base run costs the same dispatches whatever the tokens it verifies, and a head
-    run drafting k costs more the larger k (one decoder layer and the LM head per draft)."""
+    run drafting k costs more the larger k (the head's decoder layers and the LM head per draft)."""
     p = Page(browser, tiny_url, "?backend=webgpu")
     try:
         per_graph = {}
