@@ -193,18 +193,24 @@ class MTPHead(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+@torch.no_grad()
+def init_random(module: nn.Module, seed: int) -> None:
+    """A fresh head's (or layer's) weights: every matrix N(0, 0.02) from a seeded generator; norms stay 1."""
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        if p.dim() >= 2:
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+
 def grow(head: MTPHead, num_layers: int, seed: int = 0) -> MTPHead:
     """The head with decoder layers appended up to num_layers. Each new layer starts as the identity (its
     attention and MLP output projections zero, the rest random), so training goes on from exactly the
     head it was: a deeper second stage."""
     cfg = HeadConfig(**{**asdict(head.config), "num_layers": num_layers})
     deeper = MTPHead(cfg)
-    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for layer in deeper.layers[head.config.num_layers:]:
-            for p in layer.parameters():
-                if p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        for i, layer in enumerate(deeper.layers[head.config.num_layers:]):
+            init_random(layer, seed + i)
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
     missing, unexpected = deeper.load_state_dict(head.state_dict(), strict=False)
@@ -231,9 +237,6 @@ def read_head_config(directory: str | Path) -> HeadConfig:
     return HeadConfig(**{f.name: d[f.name] for f in fields(HeadConfig) if f.name in d})
 
 
-LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}  # a HeadLayer's
-
-
 def load_head(directory: str | Path, base: Llama) -> MTPHead:
     """Loads a head and checks it was trained for this very base (by fingerprint)."""
     cfg = read_head_config(directory)
@@ -245,7 +248,8 @@ def load_head(directory: str | Path, base: Llama) -> MTPHead:
     head = MTPHead(cfg)
     state = load_state(directory)
     # a one-layer head saved before heads had layers kept its layer's weights at the top level
-    state = {(f"layers.0.{k}" if k.split(".")[0] in LAYER_PARTS else k): v for k, v in state.items()}
+    parts = {name for name, _ in head.layers[0].named_children()}
+    state = {(f"layers.0.{k}" if k.split(".")[0] in parts else k): v for k, v in state.items()}
     try:
         head.load_state_dict(state)
     except RuntimeError as e:

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from .corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, proofread_pairs, summary_pairs, validation_prompts
 from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
 from .model import CheckpointError, Llama, load_llama
-from .mtp import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, load_head, save_head
+from .mtp import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from .tasks import encode_prompt, encode_text, load_tokenizer
 from .train_base import lr_at
 
@@ -284,11 +284,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     else:
         head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer,
                                                        num_layers=cfg.layers or 1))
-        g = torch.Generator().manual_seed(cfg.seed)
-        with torch.no_grad():
-            for name, p in head.named_parameters():
-                if p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        init_random(head, cfg.seed)
     head.to(device)
     model = Objective(head)
     if world > 1:
