@@ -160,9 +160,11 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
     - RMSNorm, by onnxruntime's own transformer optimizer: each norm of a residual sum (Add, then
       Pow-ReduceMean-Add-Sqrt-Reciprocal-Mul-Mul) becomes one SkipSimplifiedLayerNormalization, which also
       outputs the sum. onnxruntime does not fuse this pattern itself when it loads a graph. A norm of
-      anything else (the embedding, the head's inputs) stays as it is: its fused form,
-      SimplifiedLayerNormalization, is an onnxruntime operator in the ONNX domain, which the ONNX checker
-      rejects.
+      anything else of one row, (1, 1, C) (each draft of the head has three: of the token's embedding, of
+      the hidden state, of the layer's input), becomes the same operator with a skip of zeros (x + 0 is x):
+      its own fused form, SimplifiedLayerNormalization, is an onnxruntime operator in the ONNX domain,
+      which the ONNX checker rejects. A norm of T rows that is no residual sum (the base's embedding)
+      stays as it is.
     - Rotary embedding (`fuse_rotary`), which onnxruntime's optimizer does not match here.
 
     Both are com.microsoft operators with kernels on CPU, WASM and WebGPU. The fp16 graphs, whose norms and
@@ -171,18 +173,32 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
         FusionSimplifiedLayerNormalization, FusionSkipSimplifiedLayerNormalization)
     from onnxruntime.transformers.onnx_model import OnnxModel
 
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+              for v in [*model.graph.value_info, *model.graph.input]}
+    one_row = lambda name: shapes.get(name, [])[-3:-1] == [1, 1]  # noqa: E731  (1, 1, C)
+
     class ResidualNorms(FusionSimplifiedLayerNormalization):
         def fuse(self, node, input_name_to_nodes, output_name_to_node):
             added, removed = len(self.nodes_to_add), len(self.nodes_to_remove)
             super().fuse(node, input_name_to_nodes, output_name_to_node)
             if len(self.nodes_to_add) > added:
-                root = output_name_to_node.get(self.nodes_to_add[-1].input[0])
-                if root is None or root.op_type != "Add":  # not a residual sum: undo
+                x = self.nodes_to_add[-1].input[0]
+                root = output_name_to_node.get(x)
+                if (root is None or root.op_type != "Add") and not one_row(x):  # T rows, no residual sum: undo
                     del self.nodes_to_add[added:], self.nodes_to_remove[removed:]
 
     graph = OnnxModel(model)
     for fusion in (ResidualNorms, FusionSkipSimplifiedLayerNormalization):
         fusion(graph).apply()
+    for norm in graph.get_nodes_by_op_type("SimplifiedLayerNormalization"):  # one row, no residual sum
+        gamma = onnx.numpy_helper.to_array(graph.get_initializer(norm.input[1]))
+        zeros = f"zeros_{gamma.shape[0]}_{gamma.dtype}"
+        if graph.get_initializer(zeros) is None:
+            graph.add_initializer(onnx.numpy_helper.from_array(np.zeros((1, *gamma.shape), gamma.dtype), zeros))
+        epsilon = next(a.f for a in norm.attribute if a.name == "epsilon")
+        graph.remove_node(norm)
+        graph.add_node(onnx.helper.make_node("SkipSimplifiedLayerNormalization", [norm.input[0], zeros, norm.input[1]],
+                                             norm.output[:1], name=norm.name, domain="com.microsoft", epsilon=epsilon))
     fuse_rotary(graph)
     graph.topological_sort()
     if any(n.domain == "com.microsoft" for n in graph.model.graph.node):

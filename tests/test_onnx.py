@@ -112,7 +112,9 @@ def test_every_weight_is_stored_once_per_precision(onnx_dir, base, head):
 def test_norms_and_rotary_embeddings_of_the_fp32_graphs_are_fused_operators(onnx_dir, base, head):
     """RMSNorm after a residual sum is onnxruntime's SkipSimplifiedLayerNormalization (8 nodes become 1):
     in the base, both norms of every layer but the first (which reads the embedding) and the final one; in
-    each draft of the head, every norm after its first decoder layer's attention (two per layer). Each rotary
+    each draft of the head, every norm after its first decoder layer's attention (two per layer), and the
+    other three, of one row each (the token's embedding, the hidden state, the first layer's input), with a
+    skip of zeros: no norm of the head is left unfused. Each rotary
     embedding of q and k is one RotaryEmbedding (7 nodes become 2, with a Reshape). The equality tests run
     the fused graphs."""
     m = json.loads((onnx_dir / MANIFEST).read_text())["precisions"]["fp32"]["graphs"]
@@ -128,7 +130,8 @@ def test_norms_and_rotary_embeddings_of_the_fp32_graphs_are_fused_operators(onnx
     assert ops("base")["RotaryEmbedding"] == 2 * layers and ops("base")["Neg"] == 0
     per_draft = 2 * head.config.num_layers
     for k in (1, 6):
-        assert ops(f"head_k{k}")["SkipSimplifiedLayerNormalization"] == per_draft * k
+        assert ops(f"head_k{k}")["SkipSimplifiedLayerNormalization"] == (per_draft + 3) * k
+        assert ops(f"head_k{k}")["Pow"] == 0
         assert ops(f"head_k{k}")["RotaryEmbedding"] == per_draft * k and ops(f"head_k{k}")["Neg"] == 0
 
 
