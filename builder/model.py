@@ -115,19 +115,21 @@ def attend(q, k, v, past_len: int):
     q: (B, T, Hq, D); k, v: (B, S, Hkv, D) -> (B, T, Hq, D). Grouped-query: each key/value head serves
     Hq / Hkv query heads.
     """
-    T, S = q.shape[1], k.shape[1]
-    groups = q.shape[2] // k.shape[2]
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T|S, D)
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    # query head h reads key/value head h // g: the g query heads of a key head and their T positions
+    # are the rows of one matrix, so the keys are never repeated (no copy of the cache per step)
+    q = q.view(B, T, Hkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * T, D)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, S, D)
     q_pos = torch.arange(T, device=q.device)[:, None] + past_len
     future = torch.arange(S, device=q.device)[None, :] > q_pos  # (T, S): keys a query must not see
     # Written out rather than F.scaled_dot_product_attention: its export guards the softmax with IsNaN,
     # which onnxruntime-web runs on the CPU, downloading every layer's attention weights each step.
-    att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, Hq, T, S)
+    att = ((q @ k.transpose(-2, -1)) * D ** -0.5).view(B, Hkv, g, T, S)
     att = att.masked_fill(future, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
-    return (att @ v).transpose(1, 2)  # (B, T, Hq, D)
+    y = att.view(B, Hkv, g * T, S) @ v  # (B, Hkv, g * T, D)
+    return y.view(B, Hkv, g, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hq, D)
 
 
 def causal_sdpa(q, k, v):
