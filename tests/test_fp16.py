@@ -10,14 +10,25 @@ from builder.tasks import encode_prompt
 from tests.conftest import Page, check_steps, expect_error, run
 
 
-def test_fp16_graphs_are_half_the_bytes(onnx_dir):
+def test_fp16_graphs_compute_in_fp16_on_weights_of_half_the_bytes(onnx_dir):
+    """The fp16 graphs take and give float16. The shipped checkpoints are saved in fp16, so the fp32 graphs
+    read the very same float16 weights files (test_onnx: every weight stored once)."""
     m = json.loads((onnx_dir / "manifest.json").read_text())
     fp32, fp16 = m["precisions"]["fp32"], m["precisions"]["fp16"]
     assert fp16["dtype"] == "float16" and set(fp16["graphs"]) == set(fp32["graphs"])
     for name, graph in fp16["graphs"].items():
         assert graph["file"] == f"{name}.fp16.onnx" and all(w.endswith(".fp16.data") for w in graph["weights"])
+        assert graph["weights"] == fp32["graphs"][name]["weights"], f"{name}: the precisions read different weights"
         floats = [io["dtype"] for io in graph["inputs"] + graph["outputs"] if "int" not in io["dtype"]]
         assert floats and set(floats) == {"float16"}, f"{name}: {floats}"
+
+
+def test_a_checkpoint_saved_in_fp32_keeps_fp32_weights_beside_fp16_ones_of_half_the_bytes(tiny, tmp_path):
+    """A base saved in fp32 (most of its values no float16) is stored as it is for the fp32 graphs."""
+    from builder.export import export
+
+    m = export(tiny, tmp_path / "onnx")
+    assert m["precisions"]["fp32"]["graphs"]["base"]["weights"] == ["base.data"]
     for model in ("base", "head", "drafter"):
         ratio = m["files"][f"{model}.fp16.data"]["bytes"] / m["files"][f"{model}.data"]["bytes"]
         assert 0.45 < ratio < 0.55, f"{model}: fp16 weights are {ratio:.2f} of fp32"
@@ -30,7 +41,7 @@ def test_build_ships_only_the_precision_asked_for(onnx_dir, tmp_path):
     manifest = build(SHIPPED, tmp_path / "site", onnx_dir, ("fp32",), note=lambda msg: None)
     models = tmp_path / "site" / "models"
     assert set(manifest["precisions"]) == {"fp32"}
-    assert not list(models.glob("*.fp16.*")), "an fp32 site ships no fp16 file"
+    assert not list(models.glob("*.fp16.onnx")), "an fp32 site ships no fp16 graph"
     assert sorted(f.name for f in models.iterdir()) == sorted([*manifest["files"], "manifest.json"])
 
 

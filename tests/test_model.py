@@ -67,7 +67,8 @@ def test_transformers_checkpoint_loads_in_builder_with_same_logits_and_tokens(tm
 
 
 def test_shipped_base_matches_transformers(base, tokenizer):
-    hf = transformers.LlamaForCausalLM.from_pretrained(BASE_DIR, attn_implementation="eager").eval()
+    # saved in fp16: compared in fp32, as builder loads it
+    hf = transformers.LlamaForCausalLM.from_pretrained(BASE_DIR, attn_implementation="eager", dtype=torch.float32).eval()
     ids = torch.tensor([tokenizer.encode("The sqlite3 module provides an interface to databases.").ids])
     diff = (base(ids)[0] - hf_logits(hf, ids)).abs().max().item()
     assert diff < 1e-4, f"shipped base: logits differ from transformers by {diff}"

@@ -85,28 +85,66 @@ def external(path):
             for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
 
 
-def test_every_weight_is_stored_once_per_precision(onnx_dir, base, head):
-    """The head graphs read the embedding / LM head from base.data and share head.data; every weights file
-    is the size of its model's parameters (tied embeddings once), give or take the 64-byte alignment."""
+def test_every_weight_is_stored_once(onnx_dir, base, head):
+    """The shipped checkpoints are saved in fp16, so one float16 weights file per model serves both
+    precisions: the fp32 graphs read it behind Casts to fp32. The head graphs read the embedding / LM head
+    from base.fp16.data and share head.fp16.data; every weights file is the size of its model's parameters
+    at 2 bytes each (tied embeddings once), give or take the 64-byte alignment."""
     from builder.drafter import load_drafter
     from tests.conftest import DRAFTER_DIR
 
     m = json.loads((onnx_dir / MANIFEST).read_text())
     params = {"base": base, "head": head, "drafter": load_drafter(DRAFTER_DIR, base)}
+    assert sorted(f for f in m["files"] if f.endswith(".data")) == sorted(f"{model}.fp16.data" for model in params)
+    for model, module in params.items():
+        n = sum(t.numel() for t in module.parameters())  # parameters() yields a tied weight once
+        small = sum(t.numel() for t in module.parameters() if t.numel() * 2 <= 1024)  # stay in the graph
+        got = (onnx_dir / f"{model}.fp16.data").stat().st_size
+        assert (n - small) * 2 <= got < (n - small) * 2 + 64 * 64, \
+            f"{model}.fp16.data holds {got} bytes for {n} parameters of 2 bytes: a weight is stored twice"
     for precision, p in m["precisions"].items():
-        suffix, size = ("", 4) if precision == "fp32" else (".fp16", 2)
-        for model, module in params.items():
-            n = sum(t.numel() for t in module.parameters())  # parameters() yields a tied weight once
-            small = sum(t.numel() for t in module.parameters() if t.numel() * size <= 1024)  # stay in the graph
-            got = (onnx_dir / f"{model}{suffix}.data").stat().st_size
-            assert (n - small) * size <= got < (n - small) * size + 64 * 64, \
-                f"{model}{suffix}.data holds {got} bytes for {n} parameters of {size} bytes: a weight is stored twice"
         heads = [external(onnx_dir / p["graphs"][f"head_k{k}"]["file"]) for k in range(1, 7)]
         assert all(h == heads[0] for h in heads), f"{precision}: the six head graphs read different weights"
         lm_head = external(onnx_dir / p["graphs"]["base"]["file"])
         files = {loc for loc, _, _ in heads[0].values()}
-        assert files == {f"base{suffix}.data", f"head{suffix}.data"}, files
+        assert files == {"base.fp16.data", "head.fp16.data"}, files
         assert set(heads[0].values()) & set(lm_head.values()), f"{precision}: the head has its own LM head copy"
+
+
+def test_fp32_graphs_of_a_checkpoint_saved_in_fp16_compute_in_fp32_on_its_values(tiny, tmp_path):
+    """A float16 checkpoint (the tiny base, head and drafter rounded to fp16 and saved): the fp32 graphs
+    hold its weights as float16 (half the bytes of the same checkpoint's fp32 export) behind Casts, which
+    onnxruntime folds at load, and decode what torch decodes in fp32 on the same values, token for token."""
+    import onnxruntime as ort
+    from safetensors.torch import save_file
+
+    from builder.export import Checkpoints, export
+    from builder.generate import TorchBackend
+    from builder.model import load_llama, load_state
+
+    rounded = {}
+    for role, d in vars(tiny).items():
+        shutil.copytree(d, tmp_path / role)
+        state = {k: v.half() for k, v in load_state(d).items()}
+        save_file(state, tmp_path / role / "model.safetensors")
+        rounded[role] = tmp_path / role
+    ckpts = Checkpoints(rounded["base"], rounded["head"], rounded["drafter"])
+    half, full = export(ckpts, tmp_path / "half", ("fp32",)), export(tiny, tmp_path / "full", ("fp32",))
+    assert set(half["precisions"]["fp32"]["graphs"]["base"]["weights"]) == {"base.fp16.data"}
+    for model in ("base", "head", "drafter"):
+        ratio = half["files"][f"{model}.fp16.data"]["bytes"] / full["files"][f"{model}.data"]["bytes"]
+        assert 0.45 < ratio < 0.55, f"{model}: {ratio:.2f}"
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    ort.InferenceSession(str(tmp_path / "half" / "base.onnx"), so, providers=["CPUExecutionProvider"])
+    loaded = onnx.load(tmp_path / "loaded.onnx", load_external_data=False)
+    assert not [n for n in loaded.graph.node if n.op_type == "Cast" and n.input[0].endswith(".fp16")], \
+        "onnxruntime casts the weights once, at load, not in every run"
+    base = load_llama(rounded["base"])
+    prompt = [5, 9, 14, 3, 27, 8]
+    want = decode(TorchBackend(base), prompt, 24, None)
+    for backend in (OnnxBackend(tmp_path / "half"), OnnxBackend(tmp_path / "half", "head", 3)):
+        assert decode(backend, prompt, 24, None, k=backend.k if backend.head else 0).ids == want.ids
 
 
 def test_norms_and_rotary_embeddings_of_the_fp32_graphs_are_fused_operators(onnx_dir, base, head):
@@ -231,7 +269,7 @@ def test_cli_onnx_backend_gives_the_torch_ids(onnx_dir):
     assert o.stderr == "", "a valid export is used as it is, not exported again"
 
 
-@pytest.mark.parametrize("victim,damage", [("head.data", "flip"), ("base.onnx", "truncate"), ("base.data", "remove")])
+@pytest.mark.parametrize("victim,damage", [("head.fp16.data", "flip"), ("base.onnx", "truncate"), ("base.fp16.data", "remove")])
 def test_tampered_onnx_file_is_refused_naming_the_file(onnx_dir, tmp_path, victim, damage):
     d = tmp_path / "onnx"
     shutil.copytree(onnx_dir, d)
