@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import urllib.error
 import urllib.request
 from collections import Counter
 
@@ -112,6 +113,32 @@ def test_serve_gives_the_mime_types_the_page_needs(url):
                        ("vendor/ort/ort-wasm-simd-threaded.asyncify.wasm", "application/wasm")]:
         with urllib.request.urlopen(url + path) as r:
             assert r.headers["Content-Type"].split(";")[0] == mime, path
+
+
+def test_serve_gzips_the_runtime_and_graphs_not_the_weights(url, site):
+    """As static hosts do: a browser that accepts gzip gets the WebAssembly runtime and the graphs
+    compressed (the same bytes once decoded), the weights as they are; a revalidation gets 304."""
+    import gzip
+
+    manifest = json.loads((site / "models" / "manifest.json").read_text())
+    weights = next(f for f in manifest["files"] if f.endswith(".data"))
+    for path, encoded in [("vendor/ort/ort-wasm-simd-threaded.asyncify.wasm", True), ("models/base.onnx", True),
+                          (f"models/{weights}", False)]:
+        request = urllib.request.Request(url + path, headers={"Accept-Encoding": "gzip, deflate, br"})
+        with urllib.request.urlopen(request) as r:
+            body, encoding = r.read(), r.headers.get("Content-Encoding")
+            modified = r.headers["Last-Modified"]
+        want = (site / path).read_bytes()
+        if encoded:
+            assert encoding == "gzip" and len(body) < 0.5 * len(want), f"{path}: {encoding}, {len(body)} of {len(want)} bytes"
+            assert gzip.decompress(body) == want, path
+        else:
+            assert encoding is None and body == want, path
+        again = urllib.request.Request(url + path, headers={"Accept-Encoding": "gzip", "If-Modified-Since": modified})
+        with pytest.raises(urllib.error.HTTPError, match="304"):
+            urllib.request.urlopen(again)
+    with urllib.request.urlopen(url + "models/base.onnx") as r:  # no Accept-Encoding: as it is
+        assert r.headers.get("Content-Encoding") is None and r.read() == (site / "models" / "base.onnx").read_bytes()
 
 
 def test_served_page_is_cross_origin_isolated_and_runs_wasm_on_a_thread_per_core(browser, tiny_url, tiny_base, tokenizer):

@@ -49,12 +49,17 @@ async function load(choice, since = 0) {
     precision: choice.precision,
     threads: threadChoice.threads,
     open: (manifest) => ['base', manifest.head.by_k[manifest.defaults.k]],  // the rest open when first used
-    onProgress(loaded, total, file) {
-      $('progress').hidden = loaded >= total;
-      $('progress').max = total;
-      $('progress').value = loaded;
-      $('progress-text').textContent = loaded >= total ? `Loaded ${file} (${mb(total)}).`
-        : `Downloading ${file}: ${mb(loaded)} of ${mb(total)}`;
+    onProgress(loaded, total, file) {  // total 0: not known yet (a compressed download)
+      const done = total > 0 && loaded >= total;
+      $('progress').hidden = done;
+      if (total) {
+        $('progress').max = total;
+        $('progress').value = loaded;
+      } else {
+        $('progress').removeAttribute('value');  // indeterminate
+      }
+      $('progress-text').textContent = done ? `Loaded ${file} (${mb(total)}).`
+        : `Downloading ${file}: ${mb(loaded)}${total ? ` of ${mb(total)}` : ''}`;
     },
     onLost(info) {
       const why = `the GPU device was lost (${info.reason}: ${info.message})`;

@@ -151,6 +151,7 @@ async function fetchRuntime(onProgress) {
   if (hit) return new Uint8Array(await hit.arrayBuffer());
   let loaded = 0;
   const data = await fetchBytes(url, { onBytes: (n, total) => onProgress?.(loaded += n, total, 'the WebAssembly runtime') });
+  onProgress?.(data.length, data.length, 'the WebAssembly runtime');  // done, also where no total was known
   if (cache) {
     for (const old of await cache.keys()) if (old.url.startsWith(`${url.href}?`) && old.url !== key) await cache.delete(old);
     await cache.put(key, new Response(data)).catch(() => {});
@@ -169,7 +170,8 @@ async function pruneCache(modelsUrl, manifest) {
 }
 
 /**
- * Fetches a file of the site, reporting bytes as they arrive (with the size the server announced, or 0);
+ * Fetches a file of the site, reporting bytes as they arrive (with the size the server announced, or 0
+ * when unknown);
  * checks its sha256 when one is given.
  */
 async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
@@ -181,7 +183,8 @@ async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
   }
   if (response.status === 404) throw new PageError(`${url} is missing from the site (HTTP 404): rebuild the site`);
   if (!response.ok) throw new PageError(`could not download ${url}: HTTP ${response.status} ${response.statusText}`);
-  const total = Number(response.headers.get('content-length')) || 0;
+  // a gzip-encoded response announces its encoded size; the bytes read here are decoded: no total then
+  const total = response.headers.get('content-encoding') ? 0 : Number(response.headers.get('content-length')) || 0;
   const reader = response.body.getReader();
   const chunks = [];
   for (let got; !(got = await reader.read()).done;) {
