@@ -72,7 +72,7 @@ export async function chooseBackend(requested, precision) {
 /**
  * fp16 where the WebGPU adapter has the shader-f16 feature, fp32 otherwise, unless ?precision= says.
  * fp16 on WASM (only when asked for) runs the fp16 graphs with onnxruntime's fp32 kernels where it has
- * no fp16 ones: half the download, not faster. The site may lack a precision: `loadModels` then uses the other.
+ * no fp16 ones: not faster (and a model saved in fp16 has its fp32 graphs read the same fp16 weights). The site may lack a precision: `loadModels` then uses the other.
  */
 export function choosePrecision(requested, backend, shaderF16) {
   if (requested === 'fp16' && backend === 'webgpu' && !shaderF16) {
