@@ -172,7 +172,7 @@ def half_stored(model: onnx.ModelProto) -> onnx.ModelProto:
     loads the graph (no cost per run), and the fp16 graphs hold the very same bytes (one copy, shared)."""
     casts = []
     for t in model.graph.initializer:
-        if t.data_type != onnx.TensorProto.FLOAT or t.data_location == onnx.TensorProto.EXTERNAL:
+        if t.data_type != onnx.TensorProto.FLOAT:
             continue
         data = onnx.numpy_helper.to_array(t)
         half = data.astype(np.float16)

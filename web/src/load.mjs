@@ -72,7 +72,8 @@ export async function chooseBackend(requested, precision) {
 /**
  * fp16 where the WebGPU adapter has the shader-f16 feature, fp32 otherwise, unless ?precision= says.
  * fp16 on WASM (only when asked for) runs the fp16 graphs with onnxruntime's fp32 kernels where it has
- * no fp16 ones: not faster (and a model saved in fp16 has its fp32 graphs read the same fp16 weights). The site may lack a precision: `loadModels` then uses the other.
+ * no fp16 ones: not faster (a model saved in fp16 has its fp32 graphs read the same fp16 weights).
+ * The site may lack a precision: `loadModels` then uses the other.
  */
 export function choosePrecision(requested, backend, shaderF16) {
   if (requested === 'fp16' && backend === 'webgpu' && !shaderF16) {
@@ -171,8 +172,7 @@ async function pruneCache(modelsUrl, manifest) {
 
 /**
  * Fetches a file of the site, reporting bytes as they arrive (with the size the server announced, or 0
- * when unknown);
- * checks its sha256 when one is given.
+ * when unknown); checks its sha256 when one is given.
  */
 async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
   let response;
