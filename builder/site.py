@@ -33,12 +33,16 @@ import jinja2
 from .export import MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files
 
 WEB = Path(__file__).resolve().parent.parent / "web"
-# node_modules file -> site file. ort.webgpu.min.mjs is onnxruntime-web's native WebGPU bundle; it also
-# runs the wasm EP, from the asyncify build of the WebAssembly runtime it imports next to itself.
+# node_modules file -> site file. Two builds of onnxruntime-web, each bundle with the WebAssembly runtime
+# it imports next to itself; the page loads one (load.mjs): ort.webgpu.min.mjs, the native WebGPU bundle
+# (its asyncify runtime also runs the wasm EP), on WebGPU; ort.wasm.min.mjs, half the bytes, on WASM.
 VENDOR = {
     "onnxruntime-web/dist/ort.webgpu.min.mjs": "vendor/ort/ort.webgpu.min.mjs",
     "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.mjs": "vendor/ort/ort-wasm-simd-threaded.asyncify.mjs",
     "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm": "vendor/ort/ort-wasm-simd-threaded.asyncify.wasm",
+    "onnxruntime-web/dist/ort.wasm.min.mjs": "vendor/ort/ort.wasm.min.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.mjs": "vendor/ort/ort-wasm-simd-threaded.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.wasm": "vendor/ort/ort-wasm-simd-threaded.wasm",
     "@huggingface/tokenizers/dist/tokenizers.min.mjs": "vendor/tokenizers/tokenizers.min.mjs",
     "@huggingface/tokenizers/LICENSE": "vendor/tokenizers/LICENSE",
 }

@@ -110,7 +110,8 @@ def test_each_weights_file_is_fetched_once_and_shared_by_the_graphs_that_read_it
 
 def test_serve_gives_the_mime_types_the_page_needs(url):
     for path, mime in [("", "text/html"), ("app.mjs", "text/javascript"), ("models/manifest.json", "application/json"),
-                       ("vendor/ort/ort-wasm-simd-threaded.asyncify.wasm", "application/wasm")]:
+                       ("vendor/ort/ort-wasm-simd-threaded.asyncify.wasm", "application/wasm"),
+                       ("vendor/ort/ort-wasm-simd-threaded.wasm", "application/wasm")]:
         with urllib.request.urlopen(url + path) as r:
             assert r.headers["Content-Type"].split(";")[0] == mime, path
 
@@ -253,7 +254,7 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
             assert len(out["ids"]) == 6
             page.close()
             visits.append(sorted(fetched))
-        runtime = "ort-wasm-simd-threaded.asyncify.wasm"
+        runtime = "ort-wasm-simd-threaded.wasm"  # the WASM build's runtime: the page runs on WASM
         assert set(visits[0]) > {"manifest.json", manifest["tokenizer"], runtime}, visits[0]
         assert all(f in manifest["files"] for f in visits[0] if f not in ("manifest.json", runtime))
         assert visits[1] == ["manifest.json"], f"the second visit fetched {visits[1]}"
@@ -303,6 +304,16 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onn
 TRICKY = ["Café naïve résumé", "日本語のテキストと中文", "emoji 🙂👍🏽 and 🇩🇪 flags", "runs   of    spaces",
           "lines\n\n\nand\ttabs\r\n", "  leading and trailing  ", "typed <|fix|> and <|endoftext|> stay text",
           "x" * 300, "mixed: ½ ² → ∞, ǅ, ﬁ"]
+
+
+def test_the_page_loads_the_onnxruntime_build_of_its_backend(page):
+    """One onnxruntime-web build per page: on WASM the WASM build (its 14.2 MB runtime), on WebGPU the
+    WebGPU build (its 26.8 MB asyncify runtime, which also runs the WASM EP); never both."""
+    builds = {"wasm": {"ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm"},
+              "webgpu": {"ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs",
+                         "ort-wasm-simd-threaded.asyncify.wasm"}}
+    fetched = {r.rsplit("/", 1)[1] for r in page.requests if "/vendor/ort/" in r}
+    assert fetched == builds[page.info["backend"]], fetched
 
 
 def test_page_tokenizer_gives_pythons_ids(browser, url, tokenizer):

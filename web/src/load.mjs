@@ -10,13 +10,32 @@
 // session.run goes through one promise chain (DESIGN.md); a failed run names each input. On WebGPU the
 // tensors runs leave on the GPU are counted until disposed, and the device is watched for loss.
 
-import * as ort from './vendor/ort/ort.webgpu.min.mjs';
 import { Tokenizer } from './vendor/tokenizers/tokenizers.min.mjs';
 import { DeviceLostError, PageError } from './errors.mjs';
 import { TaskTokenizer } from './tasks.mjs';
 
-ort.env.wasm.wasmPaths = new URL('./vendor/ort/', import.meta.url).href;
-ort.env.logLevel = 'error';
+// onnxruntime-web, one build per page, chosen by the backend of the first load: on WASM its WASM build
+// (14.2 MB of WebAssembly; the same kernels as the other build's WASM EP, a run 5-15 % faster without
+// asyncify, and quicker to compile), on WebGPU its WebGPU build (26.8 MB, asyncify), which also runs the
+// WASM EP: a fallback to WASM after the GPU device is lost keeps it. Each build's WebAssembly runtime lies
+// next to its bundle. `ort` is the module once `startRuntime` has imported it.
+const BUILDS = {
+  wasm: { bundle: './vendor/ort/ort.wasm.min.mjs', runtime: './vendor/ort/ort-wasm-simd-threaded.wasm' },
+  webgpu: { bundle: './vendor/ort/ort.webgpu.min.mjs', runtime: './vendor/ort/ort-wasm-simd-threaded.asyncify.wasm' },
+};
+export let ort = null;
+let build = null;
+
+/** Imports the onnxruntime-web build for `backend`, once per page (later calls keep the first). */
+async function startRuntime(backend) {
+  if (!ort) {
+    build = BUILDS[backend];
+    ort = await import(build.bundle);
+    ort.env.wasm.wasmPaths = new URL('./vendor/ort/', import.meta.url).href;
+    ort.env.logLevel = 'error';
+  }
+  return ort;
+}
 
 const FORMAT = 'frozen-mtp-onnx/2';
 
@@ -140,12 +159,12 @@ async function fetchModelFile(url, { sha256, bytes, onBytes } = {}) {
 }
 
 /**
- * onnxruntime-web's WebAssembly runtime (27 MB, the largest file after the base's weights), kept in Cache
- * Storage under onnxruntime-web's version like the model files, with the same progress bar; handed to
- * onnxruntime as `env.wasm.wasmBinary`, so that it does not fetch it again.
+ * The WebAssembly runtime of the onnxruntime-web build in use (14.2 or 26.8 MB, the largest file after the
+ * base's weights), kept in Cache Storage under onnxruntime-web's version like the model files, with the
+ * same progress bar; handed to onnxruntime as `env.wasm.wasmBinary`, so that it does not fetch it again.
  */
 async function fetchRuntime(onProgress) {
-  const url = new URL('./vendor/ort/ort-wasm-simd-threaded.asyncify.wasm', import.meta.url);
+  const url = new URL(build.runtime, import.meta.url);
   const key = `${url.href}?ort=${ort.env.versions.web}`;
   const cache = await openCache();
   const hit = await cache?.match(key).catch(() => null);
@@ -214,6 +233,7 @@ async function fetchBytes(url, { sha256, bytes, onBytes } = {}) {
  * @returns {Promise<{manifest: object, tokenizer: TaskTokenizer, sessions: Sessions}>}
  */
 export async function loadModels(modelsUrl, { backend, precision, threads = 1, open, onProgress, onLost }) {
+  await startRuntime(backend);
   ort.env.wasm.numThreads = threads;  // read when the WebAssembly runtime starts, with the first session
   const manifestUrl = new URL('manifest.json', modelsUrl);
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(manifestUrl)));

@@ -10,8 +10,8 @@
 // only token ids are read back. The tensors a run returned are disposed once a later run replaced them,
 // and by `close` at the end of the decode.
 
-import * as ort from './vendor/ort/ort.webgpu.min.mjs';
 import { IndependentDrafter } from './drafter.mjs';
+import { ort } from './load.mjs';  // the onnxruntime-web build the page loaded
 
 const int64 = (ids, dims = [1, ids.length]) => new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), dims);
 const mapValues = (object, f) => Object.fromEntries(Object.entries(object).map(([name, t]) => [name, f(t)]));
