@@ -428,3 +428,20 @@ def test_an_altered_model_file_is_a_clear_error_naming_it(browser, tiny_site, tm
         assert page.locator("#message").inner_text() == error, "the page shows the error"
         assert page.get_by_role("button", name="Generate").is_disabled()
         context.close()
+
+
+def test_a_missing_runtime_bundle_is_a_clear_error(browser, tiny_site, tmp_path):
+    """The page imports onnxruntime-web when it knows its backend: a site without that build's bundle says
+    which file it could not load, rather than failing to start."""
+    broken = tmp_path / "site"
+    shutil.copytree(tiny_site, broken)
+    (broken / "vendor" / "ort" / "ort.wasm.min.mjs").unlink()
+    with served(broken) as url:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(url + "?backend=wasm")
+        error = page.evaluate("window.frozenMTP.ready.then(() => 'loaded', (e) => e.message)")
+        assert "could not load onnxruntime-web from" in error and "vendor/ort/ort.wasm.min.mjs" in error, error
+        assert page.locator("#message").inner_text() == error, "the page shows the error"
+        assert page.get_by_role("button", name="Generate").is_disabled()
+        context.close()

@@ -30,7 +30,11 @@ let build = null;
 async function startRuntime(backend) {
   if (!ort) {
     build = BUILDS[backend];
-    ort = await import(build.bundle);
+    try {
+      ort = await import(build.bundle);
+    } catch (e) {
+      throw new PageError(`could not load onnxruntime-web from ${new URL(build.bundle, import.meta.url)} (${e.message}): rebuild the site`);
+    }
     ort.env.wasm.wasmPaths = new URL('./vendor/ort/', import.meta.url).href;
     ort.env.logLevel = 'error';
   }
