@@ -260,7 +260,9 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
     return results
 
 
-def memory(ckpts: Checkpoints) -> dict:
+def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
+    """Bytes each model takes while decoding (weights in fp32, as every runtime but fp16 WebGPU holds them;
+    KV cache) and, with an export, the bytes of the weights files a page downloads for it."""
     from .drafter import load_drafter
     from .model import load_llama
     from .mtp import load_head
@@ -275,7 +277,22 @@ def memory(ckpts: Checkpoints) -> dict:
             "kv_bytes_per_token_base": kv(base.config), "kv_bytes_per_token_drafter": kv(drafter.config),
             # the head keeps no cache of the sequence: only its own chain's keys and values during one step
             "mtp_extra_state_bytes": 2 * hc.k_train * hc.num_key_value_heads * hc.head_dim * 4,
-            "context_length": base.config.max_position_embeddings}
+            "context_length": base.config.max_position_embeddings,
+            **(download_bytes(onnx_dir) if onnx_dir and (onnx_dir / "manifest.json").is_file() else {})}
+
+
+def download_bytes(onnx_dir: Path) -> dict:
+    """The weights files the fp32 graphs read, per model (the head's and the drafter's beyond the base's
+    file, which their graphs read too), in bytes: what a page downloads for each."""
+    from .export import read_manifest
+
+    m = read_manifest(onnx_dir)
+    graphs, files = m["precisions"]["fp32"]["graphs"], m["files"]
+    size = lambda names: sum(files[f]["bytes"] for f in names)  # noqa: E731
+    base = set(graphs["base"]["weights"])
+    head = {f for name, g in graphs.items() if name.startswith("head_") for f in g["weights"]} - base
+    drafter = set(graphs["drafter"]["weights"]) - base if "drafter" in graphs else set()
+    return {"base_download_bytes": size(base), "mtp_download_bytes": size(head), "drafter_download_bytes": size(drafter)}
 
 
 def graph_nodes(onnx_dir: Path) -> dict:
@@ -352,7 +369,7 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
     if dispatches:
         modelled_speedups(dispatches, results)
     nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
-    return {"results": results, "memory": memory(ckpts), "profile": profiles, "graph_nodes": nodes,
+    return {"results": results, "memory": memory(ckpts, onnx_dir), "profile": profiles, "graph_nodes": nodes,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine(),
             "wasm_threads": threads, "webgpu_dispatches": dispatches, "first_visit": visit}
 

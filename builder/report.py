@@ -87,7 +87,9 @@ def full_table(data: dict) -> str:
 
 def memory_table(mem: dict) -> str:
     ctx = mem["context_length"]
-    rows = [("weights", mem["base_weights_bytes"], mem["mtp_weights_bytes"], mem["drafter_weights_bytes"]),
+    rows = [("weights in memory (fp32)", mem["base_weights_bytes"], mem["mtp_weights_bytes"], mem["drafter_weights_bytes"]),
+            *([("weights files downloaded", mem["base_download_bytes"], mem["mtp_download_bytes"],
+                mem["drafter_download_bytes"])] if "base_download_bytes" in mem else []),
             ("KV cache per token", mem["kv_bytes_per_token_base"], 0, mem["kv_bytes_per_token_drafter"]),
             (f"KV cache, full context ({ctx} tokens)", mem["kv_bytes_per_token_base"] * ctx, 0,
              mem["kv_bytes_per_token_drafter"] * ctx),

@@ -31,6 +31,9 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     for key in ("base_weights_bytes", "mtp_weights_bytes", "drafter_weights_bytes", "kv_bytes_per_token_base",
                 "kv_bytes_per_token_drafter", "mtp_extra_state_bytes"):
         assert mem[key] > 0, key
+    # the shipped models are saved in fp16: a page downloads each weight in 2 bytes, holds it in 4
+    for model in ("base", "mtp", "drafter"):
+        assert 0.45 * mem[f"{model}_weights_bytes"] < mem[f"{model}_download_bytes"] < 0.55 * mem[f"{model}_weights_bytes"], model
     c = json.loads((BASE_DIR / "config.json").read_text())  # fp32 K and V of every layer
     assert mem["kv_bytes_per_token_base"] == 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 4
     prof = data["profile"]["onnx-cpu"]  # where the step's time goes: every kind of graph run the modes made
