@@ -124,10 +124,14 @@ def attend(q, k, v, past_len: int):
     k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, S, D)
     q_pos = torch.arange(T, device=q.device)[:, None] + past_len
     future = torch.arange(S, device=q.device)[None, :] > q_pos  # (T, S): keys a query must not see
+    # The causal mask is added (0 or -inf: the same scores, bit for bit, as masked_fill) as one (T, S)
+    # tensor: onnxruntime runs a broadcast Add several times faster than the Where of masked_fill, which
+    # was a sixth of a long prompt's prefill.
+    mask = torch.zeros(T, S, dtype=q.dtype, device=q.device).masked_fill(future, float("-inf"))
     # Written out rather than F.scaled_dot_product_attention: its export guards the softmax with IsNaN,
     # which onnxruntime-web runs on the CPU, downloading every layer's attention weights each step.
-    att = ((q @ k.transpose(-2, -1)) * D ** -0.5).view(B, Hkv, g, T, S)
-    att = att.masked_fill(future, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    att = ((q @ k.transpose(-2, -1)) * D ** -0.5).view(B, Hkv, g, T, S) + mask
+    att = att.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     y = att.view(B, Hkv, g * T, S) @ v  # (B, Hkv, g * T, D)
     return y.view(B, Hkv, g, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hq, D)
 
