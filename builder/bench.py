@@ -9,7 +9,10 @@ tokens/s = new tokens / decode seconds over all prompts of a round; the table gi
 and the spread (min-max) over rounds. "decode_tokens_per_s" leaves out the prefill (the base reading the
 prompt: the same pass in every mode, and most of a summary's time at these lengths): new tokens / seconds
 after it, which is the speed at which text streams once it starts; the drafter's own prefill falls inside
-it, as it should. Every output is checked against the torch reference with
+it, as it should. "prefill_share" is the prefill's share of the whole time (median over rounds), and
+"mean_new_tokens" the tokens a prompt produced (fewer than asked where the base ends its output): plain
+decoding's 1 / prefill_share is the most any draft source could reach over the whole generation, were its
+decoding free. Every output is checked against the torch reference with
 CONTRACT.md's exactness rule and the mismatches counted. For onnx-cpu the JSON also has "profile": the
 median wall time of each kind of graph run ("base T=5": the base fed 5 tokens, "head k=4": the head
 drafting 4, "drafter T=1"), pooled over every round, from which the report shows where a step's time goes;
@@ -225,8 +228,8 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
     for rep in range(plan.repeats):
         for task in items:
             for mode, k in modes(plan.ks):
-                r = rounds.setdefault((task, mode, k), {"tps": [], "decode_tps": [], "tokens": 0, "steps": 0,
-                                                        "accepted": [], "mismatches": 0, "near_ties": 0})
+                r = rounds.setdefault((task, mode, k), {"tps": [], "decode_tps": [], "prefill_share": [], "tokens": 0,
+                                                        "steps": 0, "accepted": [], "mismatches": 0, "near_ties": 0})
                 tokens, seconds, prefill = 0, 0.0, 0.0
                 for ids, text in items[task]:
                     out, steps, accepted, s, p = run(ids, text, task, mode, k, plan.new_tokens)
@@ -239,6 +242,7 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
                 r["tokens"] += tokens
                 r["tps"].append(tokens / seconds)
                 r["decode_tps"].append(tokens / (seconds - prefill))
+                r["prefill_share"].append(prefill / seconds)
             log(f"{runtime} round {rep + 1}/{plan.repeats} {task}: " + ", ".join(
                 f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)) + " tokens/s")
     results = []
@@ -256,6 +260,9 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
                         "decode_tokens_per_s_rounds": [round(x, 2) for x in r["decode_tps"]],
                         "decode_speedup_vs_ar": round(decode_tps / ar_decode, 3),
                         "decode_speedup_per_tau": round(decode_tps / ar_decode / tau, 3),
+                        "mean_new_tokens": round(r["tokens"] / (plan.repeats * len(items[task])), 1),
+                        "prefill_share": round(statistics.median(r["prefill_share"]), 4),
+                        "prefill_share_rounds": [round(x, 4) for x in r["prefill_share"]],
                         "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
     return results
 

@@ -24,6 +24,11 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
         # the same tokens over the time after the prefill: faster than over the whole generation
         assert row["decode_tokens_per_s"] > row["tokens_per_s"] and len(row["decode_tokens_per_s_rounds"]) == 2
         assert row["mismatches"] == 0, row
+        # the prefill's share of each round's time: what the two speeds above leave between them
+        assert 0 < row["prefill_share"] < 1 and 1 <= row["mean_new_tokens"] <= 12, row
+        for share, tps, decode_tps in zip(row["prefill_share_rounds"], row["tokens_per_s_rounds"],
+                                          row["decode_tokens_per_s_rounds"]):
+            assert abs(share - (1 - tps / decode_tps)) < 0.01, row
         assert len(row["accept_by_position"]) == row["k"]
         # mean(accepted + 1) = 1 + sum over i of P(accepted >= i): the two figures must agree (to rounding)
         assert abs(row["tau"] - 1 - sum(row["accept_by_position"])) <= 0.0005 * (row["k"] + 1), row
@@ -46,6 +51,8 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     report = (out.parent / "bench.md").read_text()
     assert "| torch | continue |" in report and "## Memory" in report
     assert "## Targets (issue [fast])" in report and "| onnx-cpu | summarize | " in report
+    plain = next(r for r in rows if (r["runtime"], r["task"], r["mode"]) == ("onnx-cpu", "summarize", "ar"))
+    assert f"| {1 / plain['prefill_share']:.2f}x ({plain['mean_new_tokens']:g}) |\n" in report
     assert "## Where a step's time goes (onnx-cpu" in report and "\n| 3 | " in report
     assert f"Operator nodes per graph: base {nodes['base']}; head k=1 {nodes['head_k1']}," in report
     for png in ("tokens_per_s.png", "acceptance.png", "speed_vs_k.png"):
