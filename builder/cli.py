@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 
-from .browser import BrowserError
-from .corpus import DataError
-from .drafter import DRAFTER_K_MAX
-from .generate import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS
-from .model import CheckpointError
-from .bench import RUNTIMES
-from .site import SiteError
-from .tasks import TASKS, PromptError
+from .bench.run import RUNTIMES
+from .data.tasks import TASKS
+from .decode.drafter import DRAFTER_K_MAX
+from .decode.loop import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES
+from .errors import PromptError, UserError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
 
@@ -40,8 +38,8 @@ def task_counts(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         task, _, n = part.partition("=")
-        if task.strip() not in ("continue", "proofread", "summarize") or not n.strip().isdigit():
-            raise argparse.ArgumentTypeError(f"want TASK=N,.. with TASK continue, proofread or summarize, got {part!r}")
+        if task.strip() not in TASKS or not n.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"want TASK=N,.. with TASK one of {', '.join(TASKS)}, got {part!r}")
         out[task.strip()] = int(n)
     return out
 
@@ -64,9 +62,10 @@ def build_parser() -> Parser:
     g.add_argument("--task", default="continue", choices=list(TASKS))
     g.add_argument("--head", default="models/mtp", help="MTP head directory (mode mtp)")
     g.add_argument("--drafter", default="models/drafter", help="independent drafter directory (mode drafter)")
-    g.add_argument("--mode", default="ar", choices=["ar", "mtp", "drafter"],
-                   help="ar: plain greedy decoding with the base alone; mtp: the MTP head drafts, the base "
-                        "verifies; drafter: the independent drafter drafts, the base verifies")
+    g.add_argument("--mode", default=DEFAULT_MODE, choices=list(MODES),
+                   help="ar: plain greedy decoding with the base alone (the reference); mtp: the MTP head drafts, the "
+                        "base verifies; drafter: the independent drafter drafts, the base verifies. The same ids in "
+                        f"every mode (default {DEFAULT_MODE}, as the page's)")
     g.add_argument("--k", type=int, default=DEFAULT_K,
                    help="tokens drafted per step (speculative modes): mtp at most the head's trained chain length "
                         f"(its config's k_train), drafter at most {DRAFTER_K_MAX}")
@@ -94,7 +93,7 @@ def build_parser() -> Parser:
     t.add_argument("--checkpoint-minutes", type=float, help="minutes between checkpoints (default 5)")
     t.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when PyTorch sees one")
     t.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's, one per core)")
-    t.add_argument("--sources", help="comma-separated corpus packages (default: all of builder/corpus.py's SOURCES)")
+    t.add_argument("--sources", help="comma-separated corpus packages (default: all of builder/data/corpus.py's SOURCES)")
     t.add_argument("--restart", action="store_true", help="discard the run saved in --run-dir and start over")
     t.add_argument("--against", help="another base measured on the same validation text, for the model card "
                                      "(default: models/base, when --base writes elsewhere)")
@@ -103,8 +102,8 @@ def build_parser() -> Parser:
     b = sub.add_parser("build", help="export the models to ONNX and render the static site")
     b.add_argument("--base", default="models/base", help="base checkpoint directory")
     b.add_argument("--head", default="models/mtp", help="MTP head directory")
-    b.add_argument("--drafter", help="independent drafter directory (default: models/drafter with the default "
-                                     "--base; none for another base: the page then offers ar and mtp); 'none': no drafter")
+    b.add_argument("--drafter", help="independent drafter directory, or 'none' (default: models/drafter when it was "
+                                     "distilled from this base, by fingerprint; else none: the page then offers ar and mtp)")
     b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
     b.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export the site copies; exported there first when missing or stale")
@@ -172,7 +171,7 @@ STOP_NOTES = {"max-new-tokens": "stopped at --max-new-tokens", "end-of-sequence"
 
 def read_prompts(args) -> list[dict]:
     """The prompts to decode; lone surrogates (undecodable argv bytes, broken JSON escapes) become U+FFFD."""
-    from .tasks import well_formed
+    from .data.tasks import well_formed
 
     if args.prompt is not None:
         return [{"prompt": well_formed(args.prompt), "task": args.task}]
@@ -196,34 +195,35 @@ def read_prompts(args) -> list[dict]:
 
 
 def cmd_generate(args) -> None:
-    from .drafter import load_drafter, torch_drafter
-    from .export import Checkpoints, ensure_export
-    from .generate import TorchBackend, decode, room
-    from .model import load_llama
-    from .mtp import load_head
-    from .onnx_backend import OnnxBackend
-    from .tasks import decode as decode_text, encode_prompt, load_tokenizer
+    from .data.tasks import decode as decode_text, encode_prompt, load_tokenizer
+    from .decode.drafter import load_drafter, torch_drafter
+    from .decode.loop import decode, room
+    from .decode.onnx_backend import OnnxBackend
+    from .decode.torch_backend import TorchBackend
+    from .export.manifest import Checkpoints, ensure_export
+    from .models.head import load_head
+    from .models.llama import load_llama
 
     base_dir = Path(args.base)
     if args.precision != "fp32" and args.backend != "onnx":
         raise PromptError(f"--precision {args.precision} needs --backend onnx (the torch backend runs fp32)")
     model = load_llama(base_dir)
     eos = model.config.eos_token_id
-    head = load_head(args.head, model) if args.mode == "mtp" else None
-    drafter = load_drafter(args.drafter, model) if args.mode == "drafter" else None
+    source = MODES[args.mode]
+    head = load_head(args.head, model) if source == "head" else None
+    drafter = load_drafter(args.drafter, model) if source == "drafter" else None
     k_max = head.config.k_train if head else DRAFTER_K_MAX
-    if args.mode != "ar" and not 1 <= args.k <= k_max:
+    if source and not 1 <= args.k <= k_max:
         why = f"the head was trained to draft {k_max}" if head else "the drafter's limit"
         raise PromptError(f"--k must be between 1 and {k_max} in mode {args.mode} ({why}), got {args.k}")
     if args.backend == "onnx":
         ckpts = Checkpoints(base_dir, Path(args.head) if head else None, Path(args.drafter) if drafter else None)
-        ensure_export(ckpts, Path(args.onnx_dir), (args.precision,), note=lambda msg: sys.stderr.write(msg + "\n"))
-        source = {"ar": None, "mtp": "head", "drafter": "drafter"}[args.mode]
+        ensure_export(ckpts, Path(args.onnx_dir), (args.precision,))
         backend = OnnxBackend(args.onnx_dir, source, args.k if source else 0, args.precision)
     else:
         backend = TorchBackend(model, head=head, drafter=torch_drafter(drafter) if drafter else None)
     tok = load_tokenizer(base_dir)
-    k = args.k if args.mode != "ar" else 0
+    k = args.k if source else 0
     jobs = []
     for n, p in enumerate(read_prompts(args), 1):  # check every prompt before decoding any
         where = f"prompt {n}: " if args.prompts_file else ""
@@ -239,40 +239,44 @@ def cmd_generate(args) -> None:
         seconds = time.perf_counter() - t0
         text = decode_text(tok, out.ids)
         if args.json:
+            # margins: the base's own top-1 minus top-2 logit at each new token, from the pass that decided it
             print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
                               "backend": args.backend, "precision": args.precision, "prompt_ids": prompt_ids,
                               "ids": out.ids, "text": text,
                               "steps": out.steps, "accepted": out.accepted, "stopped": out.stopped,
-                              "margins": out.margins if args.mode == "ar" else [],
-                              "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
+                              "margins": out.margins, "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
         else:
             print(text, flush=True)
             sys.stderr.write(f"[{STOP_NOTES[out.stopped].format(context=backend.context)}]\n")
 
 
 def cmd_build(args) -> None:
-    from .export import PRECISIONS, Checkpoints
-    from .site import build
+    from .decode.drafter import drafter_for
+    from .export.manifest import PRECISIONS, Checkpoints
+    from .site.build import build
 
-    drafter = args.drafter or ("models/drafter" if Path(args.base) == Path("models/base") else "none")
-    ckpts = Checkpoints(Path(args.base), Path(args.head), None if drafter == "none" else Path(drafter))
+    if args.drafter is None:
+        drafter = drafter_for(Path(args.base), Path("models/drafter"))
+    else:
+        drafter = None if args.drafter == "none" else Path(args.drafter)
+    ckpts = Checkpoints(Path(args.base), Path(args.head), drafter)
     precisions = tuple(PRECISIONS) if args.precision == "both" else (args.precision,)
-    build(ckpts, Path(args.out), Path(args.onnx_dir), precisions, note=lambda msg: sys.stderr.write(msg + "\n"))
+    build(ckpts, Path(args.out), Path(args.onnx_dir), precisions)
     print(f"built {args.out}: serve it with `python -m builder serve --dir {args.out}`")
 
 
 def cmd_serve(args) -> None:
-    from .site import serve
+    from .site.serve import serve
 
     serve(Path(args.dir), args.port)
 
 
 def cmd_train_base(args) -> None:
-    from .train_base import TrainConfig, train_and_report
-
     import shutil
 
     import torch
+
+    from .train.base import TrainConfig, train_and_report
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
@@ -290,8 +294,7 @@ def cmd_train_base(args) -> None:
         if args.against:
             raise PromptError(f"--against {args.against}: not another base checkpoint directory")
         against = None
-    log = train_and_report(Path(args.base), cfg, run_dir, device=args.device, against=against,
-                           note=lambda msg: sys.stderr.write(msg + "\n"))
+    log = train_and_report(Path(args.base), cfg, run_dir, device=args.device, against=against)
     v = log["validation"]
     print(f"wrote {args.base}: {v['bits_per_byte']:.3f} bits per byte on validation text, proofread exact-fix "
           f"{v['proofread_exact_fix']:.1%}, summarize word overlap {v['summarize_overlap_f1']:.3f}")
@@ -300,7 +303,7 @@ def cmd_train_base(args) -> None:
 def cmd_train_head(args) -> None:
     import torch
 
-    from .train_head import HeadTrainConfig, train_and_report
+    from .train.head import HeadTrainConfig, train_and_report
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PromptError("--device cuda: no CUDA device is available to PyTorch here")
@@ -310,7 +313,7 @@ def cmd_train_head(args) -> None:
                "layers": args.layers}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
-                           restart=args.restart, note=lambda msg: sys.stderr.write(msg + "\n"))
+                           restart=args.restart)
     if "acceptance" not in log:
         return  # a torchrun process other than rank 0: rank 0 reports
     print(f"wrote {args.head} ({log['train_seconds']} s of training on {log['device']}, "
@@ -323,10 +326,10 @@ def cmd_train_head(args) -> None:
 def cmd_bench(args) -> None:
     from dataclasses import replace
 
-    from .bench import BenchConfig, bench
-    from .export import Checkpoints
-    from .mtp import read_head_config
-    from .report import summary_table, write_report
+    from .bench.report import summary_table, write_report
+    from .bench.run import BenchConfig, bench
+    from .export.manifest import Checkpoints
+    from .models.head import read_head_config
 
     runtimes = tuple(x.strip() for x in args.runtimes.split(",") if x.strip())
     unknown = [x for x in runtimes if x not in RUNTIMES]
@@ -345,9 +348,8 @@ def cmd_bench(args) -> None:
     override = {name: v for name, v in (("prompts", args.prompts), ("new_tokens", args.new_tokens), ("ks", ks),
                                         ("repeats", args.repeats)) if v is not None}
     cfg.plans = {rt: replace(plan, **override) for rt, plan in cfg.plans.items()}
-    log = lambda msg: sys.stderr.write(msg + "\n")  # noqa: E731
     ckpts = Checkpoints(Path(args.base), Path(args.head), Path(args.drafter))
-    data = bench(cfg, ckpts, Path(args.onnx_dir), Path(args.site_dir), log)
+    data = bench(cfg, ckpts, Path(args.onnx_dir), Path(args.site_dir))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=2) + "\n")
     md = write_report(data, args.json)
@@ -356,7 +358,7 @@ def cmd_bench(args) -> None:
 
 
 def cmd_train_drafter(args) -> None:
-    from .train_drafter import DrafterTrainConfig, train_and_report
+    from .train.drafter import DrafterTrainConfig, train_and_report
 
     given = {"steps": args.steps, "eval_prompts": args.eval_prompts}
     cfg = DrafterTrainConfig(seed=args.seed, **{k: v for k, v in given.items() if v})
@@ -371,13 +373,18 @@ COMMANDS = {"generate": cmd_generate, "build": cmd_build, "serve": cmd_serve, "t
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # what the commands report as they go: one plain line each on stderr (stdout is the command's output)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("builder").addHandler(handler)
+    logging.getLogger("builder").setLevel(logging.INFO)
     if args.command.startswith("train-"):  # a kill or a closing session saves the run as Ctrl-C does
         import signal
 
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         COMMANDS[args.command](args)
-    except (CheckpointError, PromptError, DataError, SiteError, BrowserError) as e:
+    except UserError as e:
         sys.stderr.write(f"error: {e}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:

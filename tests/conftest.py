@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from builder.export import Checkpoints
+from builder.export.manifest import Checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_DIR = ROOT / "models" / "base"
@@ -54,28 +54,37 @@ def check_steps(accepted: list[int], n_ids: int, stopped: str):
 @pytest.fixture(autouse=True, scope="session")
 def distill_cache(tmp_path_factory):
     """Head and drafter training in tests keep the base's continuations in a temporary folder, not build/."""
-    import builder.train_head
+    import builder.train.distill
 
-    builder.train_head.DISTILL_CACHE = tmp_path_factory.mktemp("distill")
+    builder.train.distill.DISTILL_CACHE = tmp_path_factory.mktemp("distill")
 
 
 @pytest.fixture(scope="session")
 def base():
-    from builder.model import load_llama
+    from builder.models.llama import load_llama
 
     return load_llama(BASE_DIR)
 
 
 @pytest.fixture(scope="session")
+def reference(base):
+    """The shipped base's parity file (tests/reference.py): the reference ids of the validation prompts."""
+    from builder.models.head import base_fingerprint
+    from tests.reference import Reference
+
+    return Reference(base_fingerprint(base))
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
-    from builder.tasks import load_tokenizer
+    from builder.data.tasks import load_tokenizer
 
     return load_tokenizer(BASE_DIR)
 
 
 @pytest.fixture(scope="session")
 def corpus():
-    from builder.corpus import load_corpus
+    from builder.data.corpus import load_corpus
 
     return load_corpus()
 
@@ -83,7 +92,7 @@ def corpus():
 @pytest.fixture(scope="session")
 def validation_prompts(corpus, tokenizer):
     """30 per task the shipped base offers: continue [0:30], proofread [30:60], summarize [60:]."""
-    from builder.corpus import validation_prompts
+    from builder.data.corpus import validation_prompts
 
     return validation_prompts(corpus, 30, tasks=tuple(tokenizer.tasks))
 
@@ -91,7 +100,7 @@ def validation_prompts(corpus, tokenizer):
 @pytest.fixture(scope="session")
 def onnx_dir(tmp_path_factory):
     """The shipped base, head and drafter exported to ONNX once for the session (ONNX and site tests)."""
-    from builder.export import export
+    from builder.export.manifest import export
 
     out = tmp_path_factory.mktemp("onnx")
     export(SHIPPED, out)
@@ -106,8 +115,8 @@ def tiny(tmp_path_factory) -> Checkpoints:
     scaled up so that its greedy text varies and its top two logits stay far apart (margins of 0.2 and
     more, against float differences of 1e-4 between backends): its output is checked against the torch
     reference like the shipped model's."""
-    from builder.model import Llama, LlamaConfig, load_config, save_llama
-    from builder.mtp import HeadConfig, MTPHead, base_fingerprint, save_head
+    from builder.models.llama import Llama, LlamaConfig, load_config, save_llama
+    from builder.models.head import HeadConfig, MTPHead, base_fingerprint, save_head
 
     root = tmp_path_factory.mktemp("tiny")
     shipped = load_config(BASE_DIR)
@@ -138,16 +147,16 @@ def tiny(tmp_path_factory) -> Checkpoints:
 
 @pytest.fixture(scope="session")
 def tiny_site(tiny, tmp_path_factory):
-    from builder.site import build
+    from builder.site.build import build
 
     out = tmp_path_factory.mktemp("tiny-site")
-    build(tiny, out, tmp_path_factory.mktemp("tiny-onnx"), note=lambda msg: None)
+    build(tiny, out, tmp_path_factory.mktemp("tiny-onnx"))
     return out
 
 
 @pytest.fixture(scope="session")
 def tiny_url(tiny_site):
-    from builder.browser import served
+    from builder.site.browser import served
 
     with served(tiny_site) as address:
         yield address
@@ -155,7 +164,7 @@ def tiny_url(tiny_site):
 
 @pytest.fixture(scope="session")
 def tiny_base(tiny):
-    from builder.model import load_llama
+    from builder.models.llama import load_llama
 
     return load_llama(tiny.base)
 
@@ -164,16 +173,16 @@ def tiny_base(tiny):
 
 @pytest.fixture(scope="session")
 def site(onnx_dir, tmp_path_factory):
-    from builder.site import build
+    from builder.site.build import build
 
     out = tmp_path_factory.mktemp("site")
-    build(SHIPPED, out, onnx_dir, note=lambda msg: None)
+    build(SHIPPED, out, onnx_dir)
     return out
 
 
 @pytest.fixture(scope="session")
 def url(site):
-    from builder.browser import served
+    from builder.site.browser import served
 
     with served(site) as address:
         yield address
@@ -186,7 +195,7 @@ def browser():
         pytest.fail("Debian's chromium is not installed (bash .ci/setup installs it): the browser tests cannot run")
     from playwright.sync_api import sync_playwright
 
-    from builder.browser import CHROMIUM_ARGS
+    from builder.site.browser import CHROMIUM_ARGS
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
@@ -220,3 +229,10 @@ class Page:
 
     def close(self):
         self.context.close()
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that drives the browser carries the `browser` marker (pyproject.toml)."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from builder.tasks import load_tokenizer
+from builder.data.tasks import load_tokenizer
 from tests.conftest import BASE_DIR, run
 
 
@@ -62,8 +62,8 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
 def test_the_modelled_gpu_speedup_is_tau_times_the_dispatch_ratio():
     """browser-webgpu's counted dispatches become tau x dispatches(plain step) / dispatches(MTP step), with
     tau from the runtime that measured the most prompts x tokens; the report shows them."""
-    from builder.bench import modelled_speedups
-    from builder.report import dispatch_table
+    from builder.bench.run import modelled_speedups
+    from builder.bench.report import dispatch_table
 
     dispatches = {"proofread": {"plain": {"k": 0, "steps": 8, "runs_per_step": 1, "dispatches_per_step": 2000},
                                 "mtp k=4": {"k": 4, "steps": 2, "runs_per_step": 2, "dispatches_per_step": 2500}}}

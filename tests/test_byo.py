@@ -10,10 +10,11 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from builder.generate import compare_to_reference, decode_ar
-from builder.model import load_llama
-from builder.mtp import base_fingerprint
-from builder.tasks import encode_prompt, load_tokenizer
+from builder.decode.loop import compare_to_reference
+from builder.decode.torch_backend import decode_ar
+from builder.models.llama import load_llama
+from builder.models.head import base_fingerprint
+from builder.data.tasks import encode_prompt, load_tokenizer
 from tests.conftest import Page, run
 
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -94,7 +95,7 @@ def test_the_prompt_format_is_plain_text_after_bos(byo):
 
 def test_page_equals_python_reference_on_wasm(byo, browser):
     kind, base_dir, head_dir, site, _ = byo
-    from builder.browser import served
+    from builder.site.browser import served
 
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
     with served(site) as url:

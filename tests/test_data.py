@@ -1,12 +1,14 @@
 """Data and tokenizer: the split, the typos, the prompt formats."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
-from builder.corpus import add_typos, clean_inline, is_validation, proofread_pairs, rst_paragraphs
-from builder.tasks import EOS, PromptError, decode, encode_prompt
+from builder.data.corpus import add_typos, clean_inline, is_validation, proofread_pairs, rst_paragraphs
+from builder.data.tasks import EOS, decode, encode_prompt
+from builder.errors import PromptError
 
 
 def test_train_and_validation_share_no_paragraph(corpus):
@@ -41,8 +43,19 @@ def test_typos_change_the_sentence_and_are_reproducible():
     assert len(set(a)) > 30
 
 
-def test_proofread_pairs_are_deterministic(corpus):
-    assert proofread_pairs(corpus.validation, 1)[:20] == proofread_pairs(corpus.validation, 1)[:20]
+def test_proofread_pairs_are_the_same_in_every_process_and_differ_by_seed(corpus):
+    """Training data must not depend on the process (Python salts str hashes per process: a set's order
+    differs): another interpreter with another hash seed makes the very same pairs."""
+    import subprocess
+    import sys
+
+    code = ("import json; from builder.data.corpus import load_corpus, proofread_pairs; "
+            "print(json.dumps(proofread_pairs(load_corpus().validation, 1)[:20]))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": "12345"})
+    here = proofread_pairs(corpus.validation, 1)[:20]
+    assert [list(p) for p in here] == json.loads(other.stdout)
+    assert here != proofread_pairs(corpus.validation, 2)[:20], "the seed chooses the typos"
 
 
 def test_prompt_format_uses_special_tokens_by_id(tokenizer):
@@ -68,7 +81,7 @@ def test_bad_prompts_are_rejected(tokenizer):
 
 
 def test_html_keeps_prose_and_headings_and_drops_code_tables_and_navigation():
-    from builder.corpus import html_sections
+    from builder.data.corpus import html_sections
 
     page = """<html><body><div class="sphinxsidebar"><p>Navigation text that is long enough to look like a paragraph.</p></div>
     <h1>9.7. Pattern Matching<a class="headerlink" href="#x">¶</a></h1>
@@ -83,7 +96,7 @@ def test_html_keeps_prose_and_headings_and_drops_code_tables_and_navigation():
 
 
 def test_pod_keeps_prose_and_reduces_formatting_codes():
-    from builder.corpus import pod_sections
+    from builder.data.corpus import pod_sections
 
     pod = ("package Foo;\nuse strict;\n\n=head1 NAME\n\nFoo - a module\n\n=head2 How do I sort a hash by value?\n\n"
            "Use the B<sort> function with C<< $a <=> $b >> and see L<perlfunc/sort> for the details of it.\n\n"
@@ -94,7 +107,7 @@ def test_pod_keeps_prose_and_reduces_formatting_codes():
 
 
 def test_rst_sections_keep_their_headings(corpus):
-    from builder.corpus import rst_sections
+    from builder.data.corpus import rst_sections
 
     src = ("Title of it\n===========\n\nThe first paragraph is long enough to count as prose, it ends here.\n\n"
            "Another one\n-----------\n\nThe second section also has a paragraph long enough to be prose.\n")
@@ -103,7 +116,7 @@ def test_rst_sections_keep_their_headings(corpus):
 
 
 def test_summary_pairs_are_a_passage_and_its_heading(corpus):
-    from builder.corpus import PASSAGE_CHARS, summary_pairs
+    from builder.data.corpus import PASSAGE_CHARS, summary_pairs
 
     pairs = summary_pairs(corpus.train_sections)
     assert len(pairs) > 300
@@ -114,7 +127,7 @@ def test_summary_pairs_are_a_passage_and_its_heading(corpus):
 
 
 def test_other_sources_leave_pythons_validation_text_in_validation(tmp_path, monkeypatch, corpus):
-    from builder import corpus as corpus_module
+    from builder.data import corpus as corpus_module
 
     (tmp_path / "a.html").write_text("<p>" + " ".join(["Some other documentation prose."] * 3) + "</p>")
     (tmp_path / "b.html").write_text("<p>" + corpus.validation[0] + "</p>")  # Python's text in another source
@@ -127,12 +140,12 @@ def test_other_sources_leave_pythons_validation_text_in_validation(tmp_path, mon
 
 
 def test_summarize_prompt_format(tokenizer, tmp_path):
-    from builder.tasks import prompt_formats
-    from builder.train_base import train_tokenizer
+    from builder.data.tasks import prompt_formats
+    from builder.train.base import train_tokenizer
 
     from tokenizers import Tokenizer
 
-    from builder.tasks import TaskTokenizer
+    from builder.data.tasks import TaskTokenizer
 
     ids = encode_prompt(tokenizer, "summarize", "A passage.")  # the shipped base offers the task
     assert ids[0] == tokenizer.token_to_id("<|summarize|>") and ids[-1] == tokenizer.token_to_id("<|summary|>")

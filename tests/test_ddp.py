@@ -9,7 +9,7 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from builder.model import save_llama
+from builder.models.llama import save_llama
 from tests.conftest import ROOT, run
 from tests.test_mtp import tiny_setup
 

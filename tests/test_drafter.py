@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 
-from builder.drafter import load_drafter, torch_drafter
-from builder.generate import TorchBackend, compare_to_reference, decode, decode_ar
-from builder.model import CheckpointError, LlamaConfig, Llama, save_llama
-from builder.mtp import load_head
-from builder.onnx_backend import OnnxBackend
-from builder.tasks import encode_prompt
+from builder.decode.drafter import load_drafter, torch_drafter
+from builder.decode.loop import compare_to_reference, decode
+from builder.decode.torch_backend import TorchBackend
+from builder.errors import CheckpointError
+from builder.models.llama import LlamaConfig, Llama, save_llama
+from builder.models.head import load_head
+from builder.decode.onnx_backend import OnnxBackend
+from builder.data.tasks import encode_prompt
 from tests.conftest import DRAFTER_DIR, HEAD_DIR, expect_error, run
 
 
@@ -49,13 +52,13 @@ def test_drafter_reads_only_the_tokens_decided_since_its_last_call(drafter):
     assert fed == [[61]]
 
 
-def test_drafter_speculative_decoding_equals_the_reference(base, drafter, tokenizer, validation_prompts):
+def test_drafter_speculative_decoding_equals_the_reference(base, drafter, tokenizer, validation_prompts, reference):
     eos = base.config.eos_token_id
     counts = {"equal": 0, "near-tie": 0, "mismatch": 0}
     accepted = []
     for p in validation_prompts[::3]:
         ids = encode_prompt(tokenizer, p["task"], p["prompt"])
-        ref = decode_ar(base, ids, 32, eos)
+        ref = reference.decoded(ids, 32)
         for k in (1, 4, 6):
             out = decode(TorchBackend(base, drafter=torch_drafter(drafter)), ids, 32, eos, k)
             verdict, at = compare_to_reference(ref, out.ids)
@@ -66,11 +69,11 @@ def test_drafter_speculative_decoding_equals_the_reference(base, drafter, tokeni
     assert sum(accepted) > 0, "the drafter never agrees with the base: it learnt nothing"
 
 
-def test_onnx_drafter_equals_the_reference(base, onnx_dir, tokenizer, validation_prompts):
+def test_onnx_drafter_equals_the_reference(base, onnx_dir, tokenizer, validation_prompts, reference):
     eos = base.config.eos_token_id
     for p in validation_prompts[::6]:
         ids = encode_prompt(tokenizer, p["task"], p["prompt"])
-        ref = decode_ar(base, ids, 32, eos)
+        ref = reference.decoded(ids, 32)
         for k in (2, 5):
             out = decode(OnnxBackend(onnx_dir, "drafter", k), ids, 32, eos, k)
             verdict, at = compare_to_reference(ref, out.ids)
@@ -83,7 +86,7 @@ def test_generate_mode_drafter_from_the_cli(tmp_path):
                 "--backend", backend, "--onnx-dir", str(tmp_path / "onnx"), "--json")
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        ref = json.loads(run("generate", "--prompt", "The json module", "--max-new-tokens", "12", "--json").stdout)
+        ref = json.loads(run("generate", "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar").stdout)
         assert out["mode"] == "drafter" and out["ids"] == ref["ids"] and len(out["accepted"]) == out["steps"]
 
 
@@ -97,11 +100,11 @@ def test_a_drafter_with_another_vocabulary_is_refused(tmp_path):
         load_drafter(tmp_path / "drafter", Llama(LlamaConfig()))
 
 
-def test_interrupted_drafter_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch):
+def test_interrupted_drafter_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch, caplog):
     """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
     uninterrupted run (the drafter trains on the head's data: the base's continuations of the same prompts)."""
-    import builder.train_drafter as td
-    from builder.train_drafter import DrafterTrainConfig, train_drafter
+    import builder.train.drafter as td
+    from builder.train.drafter import DrafterTrainConfig, train_drafter
     from tests.test_mtp import tiny_setup
 
     tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
@@ -110,21 +113,21 @@ def test_interrupted_drafter_training_resumes_to_the_same_weights(corpus, tmp_pa
     straight, log = train_drafter(tiny, tok, small, cfg)
     assert log["sequences"] == 16 and log["resumed_at_step"] == 0
 
-    calls, real_lr = [], td.lr_at
+    calls, real_loss = [], td.distill_loss
 
-    def interrupt_at_fifth_step(*args):  # lr_at runs once at the start of every step
+    def interrupt_at_fifth_step(*args):  # once a step
         calls.append(1)
         if len(calls) == 5:
             raise KeyboardInterrupt
-        return real_lr(*args)
+        return real_loss(*args)
 
-    notes = []
-    monkeypatch.setattr(td, "lr_at", interrupt_at_fifth_step)
+    caplog.set_level(logging.INFO, logger="builder")
+    monkeypatch.setattr(td, "distill_loss", interrupt_at_fifth_step)
     with pytest.raises(KeyboardInterrupt):
-        train_drafter(tiny, tok, small, cfg, checkpoint=tmp_path / "ckpt", note=notes.append)
-    monkeypatch.setattr(td, "lr_at", real_lr)
-    assert "saved the run after step 4" in notes[-1]
-    resumed, log = train_drafter(tiny, tok, small, cfg, checkpoint=tmp_path / "ckpt", note=notes.append)
+        train_drafter(tiny, tok, small, cfg, run_dir=tmp_path / "ckpt")
+    monkeypatch.setattr(td, "distill_loss", real_loss)
+    assert "saved the run after step 4" in caplog.text
+    resumed, log = train_drafter(tiny, tok, small, cfg, run_dir=tmp_path / "ckpt")
     assert log["resumed_at_step"] == 4
     for name, t in straight.state_dict().items():
         assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from builder.generate import compare_to_reference, decode
-from builder.onnx_backend import OnnxBackend
-from builder.tasks import encode_prompt
+from builder.decode.loop import compare_to_reference, decode
+from builder.decode.onnx_backend import OnnxBackend
+from builder.data.tasks import encode_prompt
 from tests.conftest import Page, check_steps, expect_error, run
 
 
@@ -25,7 +25,7 @@ def test_fp16_graphs_compute_in_fp16_on_weights_of_half_the_bytes(onnx_dir):
 
 def test_a_checkpoint_saved_in_fp32_keeps_fp32_weights_beside_fp16_ones_of_half_the_bytes(tiny, tmp_path):
     """A base saved in fp32 (most of its values no float16) is stored as it is for the fp32 graphs."""
-    from builder.export import export
+    from builder.export.manifest import export
 
     m = export(tiny, tmp_path / "onnx")
     assert m["precisions"]["fp32"]["graphs"]["base"]["weights"] == ["base.data"]
@@ -35,10 +35,10 @@ def test_a_checkpoint_saved_in_fp32_keeps_fp32_weights_beside_fp16_ones_of_half_
 
 
 def test_build_ships_only_the_precision_asked_for(onnx_dir, tmp_path):
-    from builder.site import build
+    from builder.site.build import build
     from tests.conftest import SHIPPED
 
-    manifest = build(SHIPPED, tmp_path / "site", onnx_dir, ("fp32",), note=lambda msg: None)
+    manifest = build(SHIPPED, tmp_path / "site", onnx_dir, ("fp32",))
     models = tmp_path / "site" / "models"
     assert set(manifest["precisions"]) == {"fp32"}
     assert not list(models.glob("*.fp16.onnx")), "an fp32 site ships no fp16 graph"
@@ -68,10 +68,16 @@ def test_page_picks_fp16_only_with_shader_f16(browser, tiny_url):
     url = tiny_url  # what the page picks, not what the model writes: the tiny random model loads in seconds
     page = Page(browser, url, "index.html?backend=webgpu")
     try:
+        # the rule itself, on both kinds of adapter (SwiftShader has only one of them)
+        pick = "([req, backend, f16]) => import('./runtime.mjs').then((m) => m.choosePrecision(req, backend, f16))"
+        assert page.page.evaluate(pick, [None, "webgpu", True]) == {"precision": "fp16", "precisionNote": "fp16: the adapter has shader-f16"}
+        assert page.page.evaluate(pick, [None, "webgpu", False]) == {"precision": "fp32", "precisionNote": "fp32: the adapter lacks shader-f16"}
+        assert page.page.evaluate(pick, [None, "wasm", True])["precision"] == "fp32"
+        assert page.page.evaluate(pick, ["fp32", "webgpu", True])["precision"] == "fp32"
+        # and the page on this adapter follows it, and loads the graphs of the precision it picked
         has_f16 = page.page.evaluate("async () => (await navigator.gpu.requestAdapter()).features.has('shader-f16')")
         info = page.info
-        assert info["precision"] == ("fp16" if has_f16 else "fp32"), info
-        assert info["precisionNote"] == ("fp16: the adapter has shader-f16" if has_f16 else "fp32: the adapter lacks shader-f16")
+        assert {k: info[k] for k in ("precision", "precisionNote")} == page.page.evaluate(pick, [None, "webgpu", has_f16]), info
         assert info["precision"] in page.page.inner_text("#status")
         wanted = ".fp16.onnx" if has_f16 else "models/base.onnx"
         assert any(r.endswith(wanted) for r in page.requests), page.requests

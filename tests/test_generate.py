@@ -4,8 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builder.generate import TorchBackend, decode, decode_ar, decode_naive, room
-from builder.tasks import PromptError, encode_prompt
+from builder.decode.loop import decode, room
+from builder.decode.torch_backend import TorchBackend, decode_ar, decode_naive
+from builder.data.tasks import encode_prompt
+from builder.errors import PromptError
 from tests.conftest import HEAD_DIR
 
 
@@ -48,7 +50,7 @@ def test_new_tokens_are_clamped_to_the_context_window(base):
 
 def test_reaching_the_context_window_stops_cleanly_and_says_so(base, tokenizer, corpus):
     """A prompt 5 tokens short of the window: every mode decides exactly those 5 tokens, the same ones."""
-    from builder.mtp import load_head
+    from builder.models.head import load_head
 
     ctx = base.config.max_position_embeddings
     eos = base.config.eos_token_id

@@ -7,8 +7,9 @@ import pytest
 import torch
 import transformers
 
-from builder.generate import TorchBackend, decode_ar
-from builder.model import CheckpointError, Llama, LlamaConfig, load_llama, save_llama
+from builder.decode.torch_backend import TorchBackend, decode_ar
+from builder.errors import CheckpointError
+from builder.models.llama import Llama, LlamaConfig, load_llama, save_llama
 from tests.conftest import BASE_DIR
 
 SMALL = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,

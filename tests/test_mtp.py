@@ -7,12 +7,14 @@ import shutil
 import pytest
 import torch
 
-from builder.corpus import Corpus
-from builder.generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
-from builder.model import CheckpointError, Llama, LlamaConfig, save_llama
-from builder.mtp import base_fingerprint, induction_scores, load_head, save_head
-from builder.tasks import encode_prompt
-from builder.train_head import HeadTrainConfig, train_head
+from builder.data.corpus import Corpus
+from builder.decode.loop import acceptance, compare_to_reference, decode
+from builder.decode.torch_backend import TorchBackend
+from builder.errors import CheckpointError
+from builder.models.llama import Llama, LlamaConfig, save_llama
+from builder.models.head import base_fingerprint, induction_scores, load_head, save_head
+from builder.data.tasks import encode_prompt
+from builder.train.head import HeadTrainConfig, train_head
 from tests.conftest import BASE_DIR, HEAD_DIR, check_steps, expect_error, run
 
 
@@ -21,13 +23,13 @@ def head(base):
     return load_head(HEAD_DIR, base)
 
 
-def test_mtp_output_equals_plain_greedy_for_k_1_to_6(base, head, tokenizer, validation_prompts):
+def test_mtp_output_equals_plain_greedy_for_k_1_to_6(base, head, tokenizer, validation_prompts, reference):
     """60 validation prompts (30 per task) never trained on, k = 1..6: CONTRACT.md's exactness rule."""
     eos = base.config.eos_token_id
     near_ties, checked = [], 0
     for p in validation_prompts:
         ids = encode_prompt(tokenizer, p["task"], p["prompt"])
-        ref = decode_ar(base, ids, 32, eos)
+        ref = reference.decoded(ids, 32)
         for k in range(1, 7):
             out = decode(TorchBackend(base, head), ids, 32, eos, k)
             verdict, where = compare_to_reference(ref, out.ids)
@@ -93,7 +95,7 @@ def test_a_one_layer_head_saved_before_heads_had_layers_still_loads(base, head, 
 
     from safetensors.torch import save_file
 
-    from builder.mtp import MTPHead
+    from builder.models.head import MTPHead
 
     one = MTPHead(replace(head.config, num_layers=1))
     save_head(one, tmp_path / "old")
@@ -106,8 +108,8 @@ def test_a_one_layer_head_saved_before_heads_had_layers_still_loads(base, head, 
 
 def tiny_setup(corpus, directory):
     """A tiny random base, its tokenizer (trained into directory) and a small corpus: head training in seconds."""
-    from builder.tasks import load_tokenizer
-    from builder.train_base import train_tokenizer
+    from builder.data.tasks import load_tokenizer
+    from builder.train.base import train_tokenizer
 
     small = Corpus(corpus.train[:200], corpus.validation[:20], corpus.files)
     directory.mkdir()
@@ -147,7 +149,7 @@ def test_a_second_stage_goes_on_from_a_trained_head(corpus, tmp_path):
     """--init: the head's own weights are where training starts (zero steps leave them as they were), it
     keeps its base layer, --task-prompts sets each task's share of the data, and a head of another base
     is refused."""
-    from builder.train_head import training_prompts
+    from builder.train.distill import training_prompts
 
     tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
     cfg = dict(prompts_per_task=4, new_tokens=4, batch_size=4, k=2)
@@ -182,11 +184,15 @@ def test_a_second_stage_goes_on_from_a_trained_head(corpus, tmp_path):
         train_head(other.eval(), tok, small, HeadTrainConfig(steps=1, init=str(tmp_path / "first"), **cfg))
 
 
-def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch):
+def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch, caplog):
     """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
-    uninterrupted run. A run with other settings ignores the checkpoint."""
-    import builder.train_head as th
+    uninterrupted run. A run with other settings is refused, naming the checkpoint (loop.py's policy)."""
+    import logging
 
+    import builder.train.head as th
+    from builder.errors import CheckpointError
+
+    caplog.set_level(logging.INFO, logger="builder")
     tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
     cfg = HeadTrainConfig(prompts_per_task=8, new_tokens=8, steps=8, batch_size=4, k=3, checkpoint_every=3)
     straight, _ = train_head(tiny, tok, small, cfg)
@@ -199,26 +205,24 @@ def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monk
             raise KeyboardInterrupt
         return real_loss(*args)
 
-    notes = []
     monkeypatch.setattr(th, "chain_loss", interrupt_at_fifth_step)
     with pytest.raises(KeyboardInterrupt):
-        train_head(tiny, tok, small, cfg, checkpoint=tmp_path, note=notes.append)
+        train_head(tiny, tok, small, cfg, run_dir=tmp_path)
     monkeypatch.setattr(th, "chain_loss", real_loss)
-    assert "saved the run after step 4" in notes[-1] and (tmp_path / "state.pt").is_file()
+    assert "saved the run after step 4" in caplog.text and (tmp_path / "state.pt").is_file()
 
-    resumed, log = train_head(tiny, tok, small, cfg, checkpoint=tmp_path, note=notes.append)
-    assert log["resumed_at_step"] == 4 and "resuming" in notes[-1]
+    resumed, log = train_head(tiny, tok, small, cfg, run_dir=tmp_path)
+    assert log["resumed_at_step"] == 4 and "resuming from" in caplog.text
     for name, t in straight.state_dict().items():
         assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"
 
     other = HeadTrainConfig(**{**cfg.__dict__, "lr": cfg.lr / 2})
-    before = len(notes)
-    _, log = train_head(tiny, tok, small, other, checkpoint=tmp_path, note=notes.append)
-    assert log["resumed_at_step"] == 0 and any("other settings" in n for n in notes[before:]), notes[before:]
+    with pytest.raises(CheckpointError, match="other settings"):
+        train_head(tiny, tok, small, other, run_dir=tmp_path)
 
 
 def test_cli_mtp_json_reports_steps_and_acceptance():
-    a = run("generate", "--prompt", "Teh list is sortd in place.", "--task", "proofread", "--json")
+    a = run("generate", "--prompt", "Teh list is sortd in place.", "--task", "proofread", "--json", "--mode", "ar")
     m = run("generate", "--prompt", "Teh list is sortd in place.", "--task", "proofread", "--json",
             "--mode", "mtp", "--k", "4")
     assert a.returncode == 0 and m.returncode == 0, a.stderr + m.stderr

@@ -12,12 +12,13 @@ import onnx
 import pytest
 import torch
 
-from builder.export import MANIFEST
-from builder.generate import compare_to_reference, decode, decode_ar
-from builder.model import CheckpointError
-from builder.mtp import load_head
-from builder.onnx_backend import OnnxBackend
-from builder.tasks import SPECIAL_TOKENS, TASKS, encode_prompt
+from builder.export.manifest import MANIFEST
+from builder.decode.loop import compare_to_reference, decode
+from builder.decode.torch_backend import decode_ar
+from builder.errors import CheckpointError
+from builder.models.head import load_head
+from builder.decode.onnx_backend import OnnxBackend
+from builder.data.tasks import SPECIAL_TOKENS, TASKS, encode_prompt
 from tests.conftest import HEAD_DIR, expect_error, run
 
 
@@ -90,7 +91,7 @@ def test_every_weight_is_stored_once(onnx_dir, base, head):
     precisions: the fp32 graphs read it behind Casts to fp32. The head graphs read the embedding / LM head
     from base.fp16.data and share head.fp16.data; every weights file is the size of its model's parameters
     at 2 bytes each (tied embeddings once), give or take the 64-byte alignment."""
-    from builder.drafter import load_drafter
+    from builder.decode.drafter import load_drafter
     from tests.conftest import DRAFTER_DIR
 
     m = json.loads((onnx_dir / MANIFEST).read_text())
@@ -118,9 +119,9 @@ def test_fp32_graphs_of_a_checkpoint_saved_in_fp16_compute_in_fp32_on_its_values
     import onnxruntime as ort
     from safetensors.torch import save_file
 
-    from builder.export import Checkpoints, export
-    from builder.generate import TorchBackend
-    from builder.model import load_llama, load_state
+    from builder.export.manifest import Checkpoints, export
+    from builder.decode.torch_backend import TorchBackend
+    from builder.models.llama import load_llama, load_state
 
     rounded = {}
     for role, d in vars(tiny).items():
@@ -233,14 +234,14 @@ def test_accepting_and_rolling_back_the_onnx_cache_gives_the_reference(backend, 
             assert out.steps == -(-len(ref.ids) // (k + 1)) or eos in ref.ids
 
 
-def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer, validation_prompts):
+def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer, validation_prompts, reference):
     """60 validation prompts of both tasks, plain and mtp with k = 1..6, on the path the page runs (the
     head graph of k drafts, then the base verifying k + 1): CONTRACT.md's exactness rule."""
     eos = base.config.eos_token_id
     near_ties, checked = [], 0
     for p in validation_prompts:
         ids = encode_prompt(tokenizer, p["task"], p["prompt"])
-        ref = decode_ar(base, ids, 32, eos)
+        ref = reference.decoded(ids, 32)
         for k in range(0, 7):
             b = heads[k] if k else backend
             runs = b.runs
@@ -261,7 +262,7 @@ def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer
 
 def test_cli_onnx_backend_gives_the_torch_ids(onnx_dir):
     prompt = ["--prompt", "Teh list is sortd in place.", "--task", "proofread", "--json", "--max-new-tokens", "16"]
-    t = run("generate", *prompt)
+    t = run("generate", *prompt, "--mode", "ar")
     o = run("generate", *prompt, "--backend", "onnx", "--onnx-dir", str(onnx_dir), "--mode", "mtp", "--k", "3")
     assert t.returncode == 0 and o.returncode == 0, t.stderr + o.stderr
     torch_out, onnx_out = json.loads(t.stdout), json.loads(o.stdout)

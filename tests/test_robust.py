@@ -15,9 +15,10 @@ import shutil
 
 import pytest
 
-from builder.browser import served
-from builder.generate import compare_to_reference, decode_ar
-from builder.tasks import encode_prompt
+from builder.site.browser import served
+from builder.decode.loop import compare_to_reference
+from builder.decode.torch_backend import decode_ar
+from builder.data.tasks import encode_prompt
 from tests.conftest import CONTEXT, Page
 
 # Installed before any page script: counts the WebGPU buffers alive (created, not destroyed) and keeps

@@ -23,11 +23,12 @@ from collections import Counter
 
 import pytest
 
-from builder.browser import served
-from builder.generate import compare_to_reference, decode, decode_ar
-from builder.onnx_backend import OnnxBackend
-from builder.site import VENDOR
-from builder.tasks import encode_prompt, encode_text
+from builder.site.browser import served
+from builder.decode.loop import compare_to_reference, decode
+from builder.decode.torch_backend import decode_ar
+from builder.decode.onnx_backend import OnnxBackend
+from builder.site.build import VENDOR
+from builder.data.tasks import encode_prompt, encode_text
 from tests.conftest import ROOT, Page
 
 # SwiftShader WebGPU emulates a GPU on the CPU: a pass of the shipped 24-layer base takes about a second
@@ -77,7 +78,7 @@ def test_build_copies_only_what_the_page_needs(site):
     for precision, spec in manifest["precisions"].items():
         assert set(spec["graphs"]) == {"base", "drafter", *heads}, f"{precision}: not the graphs the page runs"
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
-    modules = ["app.mjs", "load.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs"]
+    modules = ["app.mjs", "runtime.mjs", "files.mjs", "sessions.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs"]
     expected = {"index.html", *modules, "coi-sw.js", "style.css", "models/manifest.json",
                 *(f"models/{f}" for f in manifest["files"]), *VENDOR.values()}
     assert files == expected
@@ -262,7 +263,7 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
         context.close()
 
 
-def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onnx_dir):
+def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onnx_dir, reference):
     """Every mode's ids equal the reference's. And the page's head drafts what the same head graph drafts
     in onnxruntime from Python (exactness alone would hold with a head that drafts nothing right): the
     drafts it got accepted add up to Python's within 10 % (a draft may flip where the head's own top two
@@ -276,7 +277,7 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onn
                for p in [q for q in prompts if q["task"] == task][:PROMPTS_PER_TASK[backend]]]
     for p in prompts:
         prompt_ids = encode_prompt(tokenizer, p["task"], p["prompt"])
-        ref = decode_ar(base, prompt_ids, n_new, base.config.eos_token_id)
+        ref = reference.decoded(prompt_ids, n_new)
         for mode in ("ar", "mtp", "drafter"):
             got = page.generate(prompt=p["prompt"], task=p["task"], mode=mode, k=K, maxNewTokens=n_new)
             assert got["promptIds"] == prompt_ids, f"{p['task']} {p['prompt']!r}: the page encodes the prompt differently"

@@ -10,8 +10,9 @@ import random
 import pytest
 import torch
 
-from builder.generate import TorchBackend, decode, decode_ar
-from builder.model import Llama, LlamaConfig
+from builder.decode.loop import decode
+from builder.decode.torch_backend import TorchBackend, decode_ar
+from builder.models.llama import Llama, LlamaConfig
 from tests.conftest import check_steps
 
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

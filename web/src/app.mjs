@@ -4,12 +4,13 @@
 
 import { DeviceLostError, PageError } from './errors.mjs';
 import { acceptance, decode } from './generate.mjs';
-import { chooseBackend, choosePrecision, chooseThreads, loadModels } from './load.mjs';
+import { chooseBackend, choosePrecision, chooseThreads } from './runtime.mjs';
+import { loadModels } from './sessions.mjs';
 import { OnnxBackend } from './onnx_backend.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const MODES = { ar: 'plain', mtp: 'MTP', drafter: 'drafter' };
+const LABELS = { ar: 'plain', mtp: 'MTP', drafter: 'drafter' };  // how the page names the manifest's modes
 
 function showError(e) {
   const box = $('message');
@@ -26,7 +27,7 @@ function mb(bytes) {
 }
 
 /** The largest k of a mode's draft source, from the manifest. */
-const kMax = (manifest, mode) => (mode === 'drafter' ? manifest.drafter : manifest.head).k;
+const kMax = (manifest, mode) => manifest[manifest.modes[mode]].k;  // the mode's draft source's
 
 // ---------------------------------------------------------------- loading
 
@@ -79,9 +80,8 @@ async function load(choice, since = 0) {
     : `${sessions.precision}: this site has no ${choice.precision} models`;
   $('backend').textContent += ` · ${sessions.precision}`;
   $('precision').textContent = `· ${precisionNote}`;
-  const modes = Object.keys(MODES).filter((m) => m !== 'drafter' || manifest.drafter);
-  $('mode').querySelector('option[value=drafter]').disabled = !manifest.drafter;
-  $('compare').textContent = manifest.drafter ? 'Compare plain, MTP, drafter' : 'Compare plain and MTP';
+  const modes = Object.keys(manifest.modes);  // mode -> draft source, as builder/decode/loop.py's MODES
+  $('compare').textContent = `Compare ${modes.map((m) => LABELS[m]).join(', ')}`;
   $('progress').hidden = true;
   $('progress-text').textContent = `Models ready in ${(loadMs / 1000).toFixed(1)} s.`;
   for (const id of ['generate', 'compare']) $(id).disabled = false;
@@ -137,18 +137,20 @@ let controller = null;
  * @returns {Promise<{promptIds, ids, text, steps, accepted, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
  *   stopped, trace?}>}
  */
-function generate({ prompt, task = 'continue', mode = 'mtp', k, maxNewTokens, trace = false, onStep, signal } = {}) {
+function generate({ prompt, task = 'continue', mode, k, maxNewTokens, trace = false, onStep, signal } = {}) {
   const job = chain.then(async () => {
     const { models: { manifest, tokenizer, sessions } } = await current;
+    mode ??= manifest.defaults.mode;
     k ??= manifest.defaults.k;
     maxNewTokens ??= manifest.defaults.max_new_tokens;
-    if (!(mode in MODES)) throw new PageError(`unknown mode "${mode}": choose ar, mtp or drafter`);
-    if (mode === 'drafter' && !manifest.drafter) throw new PageError('this site has no drafter model');
-    if (mode !== 'ar' && !(Number.isInteger(k) && k >= 1 && k <= kMax(manifest, mode))) {
+    if (!(mode in manifest.modes)) {
+      throw new PageError(`unknown mode "${mode}": this site offers ${Object.keys(manifest.modes).join(', ')}`);
+    }
+    if (manifest.modes[mode] && !(Number.isInteger(k) && k >= 1 && k <= kMax(manifest, mode))) {
       throw new PageError(`k must be a whole number from 1 to ${kMax(manifest, mode)}, got ${k}`);
     }
     const promptIds = tokenizer.encodePrompt(task, prompt);
-    const source = { ar: null, mtp: 'head', drafter: 'drafter' }[mode];
+    const source = manifest.modes[mode];
     const backend = new OnnxBackend(sessions, { source, k, trace: trace ? [] : null });
     await sessions.open(backend.graphs);  // open (download) the graphs this mode needs before the clock starts
     const t0 = performance.now();
@@ -272,7 +274,7 @@ function setBusy(busy) {
 async function runOnPage(mode) {
   const { models } = await current;
   const stream = new Stream(models.tokenizer, $('output'));
-  const k = mode === 'ar' ? 0 : Math.min(Number($('k').value), kMax(models.manifest, mode));
+  const k = models.manifest.modes[mode] ? Math.min(Number($('k').value), kMax(models.manifest, mode)) : 0;
   controller = new AbortController();
   const result = await generate({
     prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: Number($('max-new').value),
@@ -323,14 +325,14 @@ async function onCompare() {
     const modes = info.modes;
     $('comparison-verdict').textContent = 'Warming up…';
     for (const mode of modes) {
-      const k = mode === 'ar' ? 0 : Math.min(Number($('k').value), kMax(models.manifest, mode));
+      const k = models.manifest.modes[mode] ? Math.min(Number($('k').value), kMax(models.manifest, mode)) : 0;
       await generate({ prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: 4 });
     }
     const runs = Object.fromEntries(modes.map((m) => [m, []]));
     for (let round = 0; round < COMPARE_ROUNDS; round += 1) {
       for (let i = 0; i < modes.length; i += 1) {
         const mode = modes[(round + i) % modes.length];
-        $('comparison-verdict').textContent = `Round ${round + 1} of ${COMPARE_ROUNDS}: ${MODES[mode]}…`;
+        $('comparison-verdict').textContent = `Round ${round + 1} of ${COMPARE_ROUNDS}: ${LABELS[mode]}…`;
         runs[mode].push(await runOnPage(mode));
       }
     }
@@ -347,7 +349,7 @@ async function onCompare() {
     for (const mode of modes) {
       const rs = runs[mode];
       const tr = document.createElement('tr');
-      for (const cell of [MODES[mode] + (mode !== 'ar' ? ` k=${rs[0].k}` : ''),
+      for (const cell of [LABELS[mode] + (mode !== 'ar' ? ` k=${rs[0].k}` : ''),
         `${median(rs.map(speed)).toFixed(1)} (${range(rs.map(speed), (x) => x.toFixed(0))})`,
         String(rs[0].steps), mode === 'ar' ? '1x' : ratio(mode)]) {
         const td = document.createElement('td');
@@ -359,7 +361,7 @@ async function onCompare() {
     const all = modes.flatMap((m) => runs[m]);
     const differs = all.find((r) => r.ids.length !== plain[0].ids.length || r.ids.some((id, i) => id !== plain[0].ids[i]));
     $('comparison-verdict').textContent = differs
-      ? `The ${MODES[differs.mode]} text differs from the plain one: please report this.`
+      ? `The ${LABELS[differs.mode]} text differs from the plain one: please report this.`
       : `Identical text, ${plain[0].ids.length} tokens. Median of ${COMPARE_ROUNDS} interleaved rounds after a warm-up: `
         + `MTP ran at ${ratio('mtp')} the plain speed`
         + (runs.drafter ? `, the independent drafter at ${ratio('drafter')}` : '')

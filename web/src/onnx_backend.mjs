@@ -11,7 +11,7 @@
 // and by `close` at the end of the decode.
 
 import { IndependentDrafter } from './drafter.mjs';
-import { ort } from './load.mjs';  // the onnxruntime-web build the page loaded
+import { ort } from './runtime.mjs';  // the onnxruntime-web build the page loaded
 
 const int64 = (ids, dims = [1, ids.length]) => new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), dims);
 const mapValues = (object, f) => Object.fromEntries(Object.entries(object).map(([name, t]) => [name, f(t)]));
@@ -36,7 +36,7 @@ const cacheOf = (out, kv) => Object.fromEntries(kv.present_outputs.map((name, i)
 
 export class OnnxBackend {
   /**
-   * @param {import('./load.mjs').Sessions} sessions  the page's sessions (load.mjs)
+   * @param {import('./sessions.mjs').Sessions} sessions  the page's sessions (sessions.mjs)
    * @param {{source?: 'head'|'drafter'|null, k?: number, trace?: object[]|null}} options  source: who drafts
    *   (null: plain decoding); k: the user's k (the head graph that runs); trace: records every run when given
    */

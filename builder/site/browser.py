@@ -10,14 +10,11 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .site import make_server
+from ..errors import BrowserError
+from .serve import make_server
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--no-first-run", "--enable-unsafe-webgpu"]
-
-
-class BrowserError(RuntimeError):
-    """Headless Chromium cannot be started (the CLI reports it as one line)."""
 
 
 def chromium_path() -> str:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from ..errors import CheckpointError, PromptError
+
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|continue|>", "<|proofread|>", "<|fix|>", "<|summarize|>", "<|summary|>"]
 
@@ -51,10 +53,6 @@ TEXT_TASKS: dict[str, tuple[str, str]] = {
 }
 
 
-class PromptError(ValueError):
-    """The user's prompt cannot be decoded (empty, unknown task, too long)."""
-
-
 @dataclass(frozen=True)
 class TaskTokenizer:
     """A checkpoint's tokenizer with the prompt format of each task (see above), worked out once at load.
@@ -70,7 +68,7 @@ def load_tokenizer(directory: str | Path) -> TaskTokenizer:
     """The checkpoint's tokenizer.json with its task prompt formats: the marker format when it has
     builder's special tokens, else the text format, after the beginning-of-sequence id of the
     checkpoint's config.json (if it has one)."""
-    from .model import CheckpointError, load_config
+    from ..models.llama import load_config
 
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():

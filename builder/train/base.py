@@ -13,31 +13,33 @@ tokens at random places of the stream; the places depend on the seed and the ste
 run sees the same data as an uninterrupted one.
 
 A run lives in a run directory (default build/train-base): the tokenizer and the tokenized stream,
-written once, and `state.pt`, saved every `checkpoint_minutes` of training, on Ctrl-C and on SIGTERM
-(the model, the optimizer, the step, the steps planned). The same command resumes there and ends with
-the same weights as a run that was never stopped. The budget is `steps`, or `minutes` of training:
-then the run times its first steps and fixes the number of steps, saved with the run. The learning rate
-warms up, stays, and decays linearly to a tenth over the last `cooldown` share of the steps.
+written once, and the checkpoint of the one training loop (loop.py: saved every `checkpoint_minutes`, on
+Ctrl-C and on SIGTERM; the same command resumes it to the weights of a run never stopped). The budget is
+`steps`, or `minutes` of training. The learning rate warms up, stays, and decays linearly to a tenth over
+the last `cooldown` share of the steps (loop.Schedule's "wsd").
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
-import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from tqdm import tqdm
 
-from .corpus import SOURCES, Corpus, DataError, load_corpus, missing_packages, proofread_pairs, summary_pairs
-from .model import Llama, LlamaConfig, save_llama
-from .tasks import EOS, SPECIAL_TOKENS, TASKS, encode_text
+from ..data.corpus import SOURCES, Corpus, load_corpus, missing_packages, proofread_pairs, summary_pairs
+from ..data.tasks import EOS, SPECIAL_TOKENS, TASKS, encode_text
+from ..errors import DataError
+from ..models.llama import Llama, LlamaConfig, save_llama
+from .loop import Run, Schedule, train
+
+logger = logging.getLogger(__name__)
 
 # The shipped base's shape: deep and thin like on-device models (see the model card for the alternatives).
 DEEP = dict(num_hidden_layers=24, hidden_size=192, intermediate_size=512, num_attention_heads=6, num_key_value_heads=2)
@@ -49,7 +51,7 @@ TOKENIZER_SAMPLE = 100_000  # training paragraphs the tokenizer learns its merge
 @dataclass
 class TrainConfig:
     seed: int = 0
-    sources: tuple[str, ...] = tuple(SOURCES)  # the corpus: Debian documentation packages (builder/corpus.py)
+    sources: tuple[str, ...] = tuple(SOURCES)  # the corpus: Debian documentation packages (builder/data/corpus.py)
     vocab_size: int = 4096
     block_size: int = 512         # tokens per training sequence (= the context window)
     batch_size: int = 8           # sequences per step
@@ -123,7 +125,7 @@ def training_pairs(corpus: Corpus, cfg: TrainConfig) -> dict[str, list[tuple[str
             "summarize": rng.sample(summarize, int(cfg.summarize_share * len(summarize)))}
 
 
-def prepare_data(run_dir: Path, cfg: TrainConfig, corpus: Corpus | None = None, note=print):
+def prepare_data(run_dir: Path, cfg: TrainConfig, corpus: Corpus | None = None):
     """The run's tokenizer and stream: made once (from the corpus) and kept in run_dir, so a resumed run
     reads them back as they were, whatever has changed on the machine since."""
     key = data_key(cfg)
@@ -134,7 +136,7 @@ def prepare_data(run_dir: Path, cfg: TrainConfig, corpus: Corpus | None = None, 
             json.loads(meta_path.read_text())["info"]
     t0 = time.time()
     corpus = corpus or load_corpus(cfg.sources)
-    note(f"corpus: {len(corpus.train):,} training paragraphs from {len(cfg.sources)} sources; training the tokenizer")
+    logger.info("corpus: %s training paragraphs from %d sources; training the tokenizer", f"{len(corpus.train):,}", len(cfg.sources))
     sample = random.Random(cfg.seed).sample(corpus.train, min(len(corpus.train), TOKENIZER_SAMPLE))
     tok = train_tokenizer(sample, cfg.vocab_size)
     pairs = training_pairs(corpus, cfg)
@@ -151,7 +153,7 @@ def prepare_data(run_dir: Path, cfg: TrainConfig, corpus: Corpus | None = None, 
     np.savez(run_dir / "stream.npz", ids=ids.astype(np.uint16 if cfg.vocab_size <= 65536 else np.int64), weights=weights)
     (run_dir / "validation.json").write_text(json.dumps(corpus.validation_sections, ensure_ascii=False))
     meta_path.write_text(json.dumps({"key": key, "info": info}, indent=2) + "\n")
-    note(f"stream: {len(ids) / 1e6:.1f} M tokens ({info['seconds']} s)")
+    logger.info("stream: %.1f M tokens (%d s)", len(ids) / 1e6, info["seconds"])
     return tok, ids, weights, info
 
 
@@ -186,54 +188,6 @@ def stream_loss(model: Llama, ids: np.ndarray, weights: np.ndarray, block: int) 
     return total, count
 
 
-def lr_at(step: int, cfg) -> float:
-    """The learning rate of train-head and train-drafter at a step: linear warm-up over
-    cfg.warmup steps (at most a tenth of the run), then cosine decay to cfg.lr / 10 at cfg.steps."""
-    warmup = min(cfg.warmup, max(1, cfg.steps // 10))
-    if step < warmup:
-        return cfg.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, cfg.steps - warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def wsd_lr_at(step: int, steps: int, cfg: TrainConfig) -> float:
-    """The base's schedule: warmup, then constant, then a linear decay to lr/10 over the last `cooldown`
-    share of the steps. Unlike lr_at's cosine, the plan can still be lengthened on a resume before the
-    cooldown starts."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    decay_from = steps * (1 - cfg.cooldown)
-    return cfg.lr * (1 - 0.9 * min(1.0, max(0.0, step - decay_from) / max(1.0, steps - decay_from)))
-
-
-# --- the training loop ---------------------------------------------------------------------------
-
-@dataclass
-class RunState:
-    """What a checkpoint holds besides the weights and the optimizer."""
-    step: int = 0                 # steps whose update the weights hold
-    steps: int = 0                # steps planned (0 while the first steps are timed)
-    train_seconds: float = 0.0    # training time so far, over all sessions
-    losses: list[float] = field(default_factory=list)  # the last 200 training losses
-
-
-def save_checkpoint(run_dir: Path, key: dict, model: Llama, opt, state: RunState) -> None:
-    tmp = run_dir / "state.pt.tmp"
-    torch.save({"key": key, "state": asdict(state), "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
-    tmp.replace(run_dir / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
-
-
-def load_checkpoint(run_dir: Path, key: dict, note) -> dict | None:
-    path = run_dir / "state.pt"
-    if not path.is_file():
-        return None
-    saved = torch.load(path, map_location="cpu", weights_only=False)
-    if saved["key"] != key:
-        raise DataError(f"{path} holds a run with other settings: resume it with those, or pass --restart")
-    note(f"resuming from {path} at step {saved['state']['step']}")
-    return saved
-
-
 def optimizer(model: Llama, cfg: TrainConfig) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -241,89 +195,36 @@ def optimizer(model: Llama, cfg: TrainConfig) -> torch.optim.AdamW:
                               {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def interrupt(signum, frame):
-    """SIGTERM (kill, a closing session) ends the run as Ctrl-C does: saved, resumable."""
-    raise KeyboardInterrupt
-
+# --- training ------------------------------------------------------------------------------------
 
 def train_base(run_dir: Path, cfg: TrainConfig, model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None,
-               device: str | None = None, stop_at: int | None = None, note=print) -> tuple[Llama, Tokenizer, dict]:
-    """Trains (or resumes) the run in run_dir; returns the model, its tokenizer and a log. stop_at: save
-    and return after that many steps, as an interrupted run would (for tests)."""
+               device: str | None = None, stop_at: int | None = None) -> tuple[Llama, Tokenizer, dict]:
+    """Trains (or resumes) the run in run_dir (loop.train); returns the model, its tokenizer and a log.
+    stop_at: save and return after that many steps, as an interrupted run would (for tests)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    tok, ids, weights, info = prepare_data(run_dir, cfg, corpus, note)
+    tok, ids, weights, info = prepare_data(run_dir, cfg, corpus)
     model_cfg = LlamaConfig(**asdict(model_cfg or LlamaConfig(**DEEP)))
     model_cfg.vocab_size = tok.get_vocab_size()
     model_cfg.max_position_embeddings = cfg.block_size
     model_cfg.eos_token_id = tok.token_to_id(EOS)
-    key = run_key(cfg, model_cfg)
 
     model = Llama(model_cfg)
     model.init_weights(cfg.seed)
     model.to(device)
     opt = optimizer(model, cfg)
-    state = RunState(steps=cfg.steps)
-    saved = load_checkpoint(run_dir, key, note)
-    if saved:
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        state = RunState(**saved["state"])
-        state.steps = cfg.steps or state.steps  # a new --steps extends or shortens the plan
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    timing = (state.step, time.time()) if not state.steps else None  # fix the plan from the speed of steps 3..12
 
-    def save():
-        save_checkpoint(run_dir, key, model, opt, state)
+    def step_loss(step: int):
+        x, y, w = (t.to(device) for t in batch_at(ids, weights, cfg, step))
+        with autocast:
+            return weighted_loss(model, x.long(), y.long(), w), {}
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    bar = tqdm(total=state.steps or None, initial=state.step, desc="train-base", unit="step", dynamic_ncols=True)
-    last_save, t_session = time.time(), time.time()
-    seconds_before, first_step = state.train_seconds, state.step
-    model.train()
-    try:
-        while not state.steps or state.step < state.steps:
-            if stop_at is not None and state.step >= stop_at:
-                break
-            for group in opt.param_groups:
-                group["lr"] = wsd_lr_at(state.step, state.steps or 10**9, cfg)
-            x, y, w = (t.to(device) for t in batch_at(ids, weights, cfg, state.step))
-            with autocast:
-                loss = weighted_loss(model, x.long(), y.long(), w)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            state.step += 1
-            state.losses = (state.losses + [loss.item()])[-200:]
-            state.train_seconds = seconds_before + time.time() - t_session
-            bar.update(1)
-            if state.step % 5 == 0:
-                tokens = (state.step - first_step) * cfg.batch_size * cfg.block_size
-                bar.set_postfix(loss=f"{np.mean(state.losses[-50:]):.3f}", tok_s=f"{tokens / (time.time() - t_session):.0f}")
-            if timing and state.step == timing[0] + 3:
-                timing = (state.step, time.time())  # the first steps warm up: time the next ones
-            elif timing and state.step == timing[0] + 10:
-                per_step = (time.time() - timing[1]) / 10
-                state.steps = max(state.step + 1, int((cfg.minutes * 60 - state.train_seconds) / per_step) + state.step)
-                bar.total = state.steps
-                bar.refresh()
-                note(f"{per_step:.2f} s per step: {state.steps} steps fit in {cfg.minutes:g} minutes")
-                timing = None
-            if time.time() - last_save > cfg.checkpoint_minutes * 60:
-                save()
-                last_save = time.time()
-    except KeyboardInterrupt:
-        bar.close()
-        save()
-        note(f"interrupted: saved the run after step {state.step} in {run_dir}; run the same command to resume")
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    bar.close()
-    save()
-    model.eval()
+    tokens_per_step = cfg.batch_size * cfg.block_size
+    state = train(model, opt, step_loss, Schedule(cfg.lr, cfg.warmup, "wsd", cfg.cooldown), Run(run_dir, run_key(cfg, model_cfg)),
+                  steps=cfg.steps, minutes=cfg.minutes, every_minutes=cfg.checkpoint_minutes, stop_at=stop_at,
+                  desc="train-base", postfix=lambda st: {"tok_s": f"{(st.step - st.resumed_at) * tokens_per_step / max(1e-9, st.train_seconds):.0f}"})
     log = {"train_config": asdict(cfg), "device": str(device), "steps": state.step, "train_seconds": round(state.train_seconds),
-           "tokens_seen": state.step * cfg.batch_size * cfg.block_size, "final_train_loss": float(np.mean(state.losses[-50:])),
+           "tokens_seen": state.step * tokens_per_step, "final_train_loss": state.mean_loss(),
            "parameters": model.num_params(), "data": info}
     return model.cpu(), tok, log
 
@@ -360,9 +261,9 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
     text that the first base was measured on), proofread exact-fix, summarize exact-match and word
     overlap, and unedited samples; with `against` (another base, e.g. the one shipped before), its
     scores on the same text, sentences and passages."""
-    from .corpus import PYTHON, validation_prompts
-    from .model import load_config
-    from .tasks import encode_prompt, load_tokenizer
+    from ..data.corpus import PYTHON, validation_prompts
+    from ..data.tasks import encode_prompt, load_tokenizer
+    from ..models.llama import load_config
 
     tok = load_tokenizer(out)
     validation = set(corpus.validation)
@@ -386,9 +287,9 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
 def scores(directory: Path, texts: dict[str, list[str]], proofread, passages, samples) -> dict:
     """One base's measures on the given validation text, proofread pairs and summarize passages (a prompt
     longer than its context window counts as a failure; summarize only if its tokenizer offers it)."""
-    from .generate import decode_ar
-    from .model import load_llama
-    from .tasks import decode, encode_prompt, load_tokenizer
+    from ..data.tasks import decode, encode_prompt, load_tokenizer
+    from ..decode.torch_backend import decode_ar
+    from ..models.llama import load_llama
 
     model, tok = load_llama(directory), load_tokenizer(directory)
     eos, ctx = model.config.eos_token_id, model.config.max_position_embeddings
@@ -411,7 +312,7 @@ def scores(directory: Path, texts: dict[str, list[str]], proofread, passages, sa
     return v
 
 
-def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None, note=print,
+def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | None = None,
                      model_cfg: LlamaConfig | None = None, corpus: Corpus | None = None, n_eval: int = 200,
                      against: Path | None = None) -> dict:
     """What `train-base` does: train (or resume) in run_dir, save to out, evaluate on validation (and
@@ -423,13 +324,13 @@ def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | N
     missing = missing_packages(cfg.sources)
     if missing and not (run_dir / "data.json").is_file():
         raise DataError(f"the corpus needs Debian's documentation packages: apt-get install {' '.join(missing)}")
-    model, tok, log = train_base(run_dir, cfg, model_cfg, corpus, device=device, note=note)
+    model, tok, log = train_base(run_dir, cfg, model_cfg, corpus, device=device)
     out.mkdir(parents=True, exist_ok=True)
     save_llama(model, out)
     tok.save(str(out / "tokenizer.json"))
     sections = [(h, paras) for h, paras in json.loads((run_dir / "validation.json").read_text())]
     validation = Corpus([], [p for _, paras in sections for p in paras], (0, 0), validation_sections=sections)
-    note("evaluating on the validation text" + (f" (and {against}, to compare)" if against else ""))
+    logger.info("evaluating on the validation text%s", f" (and {against}, to compare)" if against else "")
     log["validation"] = evaluate(out, validation, cfg, n_eval, n_eval, against)
     (out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False) + "\n")
     write_card(out, log)
@@ -456,7 +357,7 @@ def validation_table(v: dict) -> str:
 
 
 def write_card(out: Path, log: dict) -> None:
-    from .model import load_config
+    from ..models.llama import load_config
 
     c, v, t, d = load_config(out), log["validation"], log["train_config"], log["data"]
     sources = "\n".join(f"| {name} | {s['licence']} | {s['train_files']} / {s['validation_files']} | "
@@ -486,7 +387,7 @@ and the choice of the summarize task: the project's `docs/deep-base.md`.
 
 ## Data
 
-English prose from Debian's documentation packages (`builder/corpus.py`): only prose paragraphs
+English prose from Debian's documentation packages (`builder/data/corpus.py`): only prose paragraphs
 (code, tables, navigation and markup dropped), split into train and validation by a hash of each
 file's path (1 in 20 to validation); no validation paragraph is trained on.
 
@@ -494,7 +395,7 @@ file's path (1 in 20 to validation); no validation paragraph is trained on.
 | --- | --- | --- | --- |
 {sources}
 
-Three tasks, one prompt format each (`builder/tasks.py`, shared with the site):
+Three tasks, one prompt format each (`builder/data/tasks.py`, shared with the site):
 
 - `continue`: `<|continue|>{{text}}`; trained on every training section (heading and paragraphs);
 - `proofread`: `<|proofread|>{{text with typos}}<|fix|>`, the model writes the corrected sentence

@@ -11,33 +11,35 @@
    before it was accepted, i.e. equal to the base's token, so on every chain that counts the two agree.
 3. The base's parameters have requires_grad off and are checked bit-for-bit unchanged at the end.
 
-Data: the built-in corpus (corpus.HEAD_SOURCES: eight Debian documentation packages) or the user's own text files (`--data`, builder/corpus.py),
+Data: the built-in corpus (corpus.HEAD_SOURCES: eight Debian documentation packages) or the user's own text files (`--data`, data/corpus.py),
 whose held-back paragraphs give the final tau table. Runs on CUDA when there is one, else the CPU.
-Every `checkpoint_every` steps, and on Ctrl-C, the head, the optimizer and the step are saved in
-HEAD_DIR/checkpoint/ (with the distilled data); a later run with the same settings, base and data
-resumes there and ends with the same weights as an uninterrupted run.
+The run is the one training loop's (loop.py): checkpointed every `checkpoint_every` steps and on Ctrl-C
+in HEAD_DIR/checkpoint/, resumed by the same command to the weights of a run never stopped; the base's
+continuations are kept in build/distill/ (distill.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import shutil
 import time
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from .corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, proofread_pairs, summary_pairs, validation_prompts
-from .generate import TorchBackend, acceptance, compare_to_reference, decode, decode_ar
-from .model import CheckpointError, Llama, load_llama
-from .mtp import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
-from .tasks import encode_prompt, encode_text, load_tokenizer
-from .train_base import lr_at
+from ..data.corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, validation_prompts
+from ..data.tasks import TASKS, load_tokenizer
+from ..errors import CheckpointError
+from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
+from ..models.llama import Llama, load_llama
+from .distill import distilled, greedy_continuations, make_batches, measure_acceptance, training_prompts
+from .loop import RunState, Run, Schedule, sequential, train
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,78 +64,6 @@ class HeadTrainConfig:
     layers: int | None = None     # the head's decoder layers (default 1); with init, more than it has adds
                                   # layers that start as the identity (mtp.grow)
 
-
-# --- 1. the base's own continuations --------------------------------------------------------------
-
-def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str, int] | None = None) -> list[list[int]]:
-    """Prompt ids of every task from the training split: continue prefixes of 4-40 tokens, proofread
-    sentences with typos, summarize passages (n of each, or per_task[task], or as many as there are)."""
-    rng = random.Random(seed)
-    prompts = []
-    count = lambda task, pool: min((per_task or {}).get(task, n), len(pool))  # noqa: E731
-    prefix = tok.tasks["continue"]["prefix"]
-    for text in rng.sample(corpus.train, count("continue", corpus.train)):
-        ids = encode_text(tok, text)
-        prompts.append(prefix + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
-    # fresh typos (another seed than the base's training pairs): the base has not memorised these fixes
-    pairs = proofread_pairs(corpus.train, seed + 1000)
-    for typo, _ in rng.sample(pairs, count("proofread", pairs)):
-        prompts.append(encode_prompt(tok, "proofread", typo))
-    if "summarize" in tok.tasks:  # passages of the training sections (none in a user's plain text files)
-        passages = summary_pairs(corpus.train_sections)
-        for passage, _ in rng.sample(passages, count("summarize", passages)):
-            prompts.append(encode_prompt(tok, "summarize", passage))
-    return prompts
-
-
-@torch.no_grad()
-def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int, eos: int, batch: int = 64):
-    """The base's greedy continuation of every prompt, as (prompt_len, full sequence) pairs."""
-    by_len = defaultdict(list)
-    for p in prompts:
-        by_len[len(p)].append(p)
-    out = []
-    groups = [g[i:i + batch] for g in by_len.values() for i in range(0, len(g), batch)]
-    device = next(base.parameters()).device
-    for group in tqdm(groups, desc="self-distillation data", unit="batch"):
-        ids = torch.tensor(group, device=device)
-        room = min(new_tokens, base.config.max_position_embeddings - ids.shape[1])
-        logits, _, cache = base(ids)
-        seqs = [ids]
-        for _ in range(room):
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-            seqs.append(nxt)
-            if eos is not None and bool((torch.cat(seqs[1:], 1) == eos).any(1).all()):
-                break
-            logits, _, cache = base(nxt, cache)
-        full = torch.cat(seqs, 1).tolist()
-        for seq in full:
-            new = seq[len(group[0]):]
-            if eos in new:
-                new = new[: new.index(eos) + 1]
-            out.append((len(group[0]), seq[: len(group[0])] + new))
-    return out
-
-
-DISTILL_CACHE = Path(__file__).resolve().parent.parent / "build" / "distill"
-
-
-def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_tokens: int, note=print):
-    """greedy_continuations, kept in build/distill/ by (base, prompts, length): train-head and
-    train-drafter distil the same data, and on this CPU that is a quarter of each one's time."""
-    key = hashlib.sha256(json.dumps([fingerprint, prompts, new_tokens]).encode()).hexdigest()[:20]
-    path = DISTILL_CACHE / f"{key}.pt"
-    if path.is_file():
-        note(f"reusing the base's continuations from {path}")
-        return torch.load(path, weights_only=True)
-    data = greedy_continuations(base, prompts, new_tokens, base.config.eos_token_id)
-    DISTILL_CACHE.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-    return data
-
-
-# --- 2. training ---------------------------------------------------------------------------------
 
 def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
                counts: list[int] | None = None, targets: str = "greedy"):
@@ -173,23 +103,6 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
         total = total + loss
         stats.append((int((logits[ok].argmax(-1) == target[ok]).sum()), int(ok.sum())))
     return total / k, stats
-
-
-def make_batches(data, batch: int, rng: random.Random):
-    """Endless batches of similar length, right-padded (causal attention ignores the padding). The order
-    depends on the data's content only, not on the order it came in (distilled by one process or several)."""
-    data = sorted(data, key=lambda d: (len(d[1]), d[1], d[0]))
-    groups = [data[i:i + batch] for i in range(0, len(data), batch)]
-    while True:
-        rng.shuffle(groups)
-        for g in groups:
-            N = max(len(s) for _, s in g)
-            seqs = torch.zeros(len(g), N, dtype=torch.long)
-            valid = torch.zeros(len(g), N, dtype=torch.bool)
-            for i, (p, s) in enumerate(g):
-                seqs[i, : len(s)] = torch.tensor(s)
-                valid[i, p: len(s)] = True
-            yield seqs, valid
 
 
 class Objective(torch.nn.Module):
@@ -239,10 +152,9 @@ def distil_together(base: Llama, prompts: list[list[int]], new_tokens: int) -> l
 
 
 def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None,
-               checkpoint: Path | None = None, note=print):
-    """Trains a head on the frozen base (on the base's device). With a checkpoint directory, saves
-    there every cfg.checkpoint_every steps and on Ctrl-C, and resumes from it when it holds a run
-    with the same settings, base and data.
+               run_dir: Path | None = None, stop_at: int | None = None):
+    """Trains a head on the frozen base (on the base's device) with the one training loop (loop.py): with
+    a run directory, checkpointed every cfg.checkpoint_every steps and on Ctrl-C, and resumed from it.
 
     Under torchrun every process takes its share of each batch (rows rank, rank + world, ..) and DDP
     sums the gradients, so N processes train what one process does with the same batch size; rank 0
@@ -259,16 +171,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         raise CheckpointError(f"--kv-layer {kv_layer}: the base has layers 0..{len(scores) - 1}")
     t0 = time.time()
     prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts)
-    key = {"config": asdict(cfg), "base": before,  # what a resumed run must share
-           "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
-           "init": hashlib.sha256((Path(cfg.init) / "model.safetensors").read_bytes()).hexdigest() if cfg.init else None}
-    saved = resumable(checkpoint, key, note)
-    if saved:
-        data = saved["data"]
-    elif world > 1:
-        data = distil_together(base, prompts, cfg.new_tokens)
-    else:
-        data = distilled(base, before, prompts, cfg.new_tokens, note)
+    data = distil_together(base, prompts, cfg.new_tokens) if world > 1 else distilled(base, before, prompts, cfg.new_tokens)
     data_seconds = time.time() - t0
 
     if cfg.init:  # checked against this base by fingerprint; it keeps its own base layer and chain length
@@ -290,124 +193,49 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
-    first, recent, spent, started = 0, [], saved.get("train_seconds", 0) if saved else 0, time.time()
-    if saved:
-        head.load_state_dict(saved["weights"])
-        opt.load_state_dict(saved["opt"])
-        first, recent = saved["step"], saved["recent"]
-        for _ in range(first):  # the same batches as an uninterrupted run from here on
-            next(batches)
+    batch = sequential(make_batches(data, cfg.batch_size, random.Random(cfg.seed)))
 
-    def save(steps: int) -> None:
-        if checkpoint and rank == 0:
-            save_checkpoint(checkpoint, key, data, head, opt, steps, recent, spent + time.time() - started)
+    def step_loss(step: int):
+        seqs, valid = batch(step)
+        counts = [int(valid[:, j + 1:].sum()) for j in range(1, cfg.k + 1)]  # the whole batch's targets
+        seqs, valid = (t[rank::world].to(device) for t in (seqs, valid))  # this process's share
+        loss, stats = model(base, seqs, valid, cfg.k, counts, cfg.targets)
+        shown = loss.detach()
+        if world > 1:
+            import torch.distributed as dist
 
-    head.train()
-    bar = tqdm(range(first, cfg.steps), desc="train-head", unit="step", initial=first, total=cfg.steps, disable=rank > 0)
-    done = first  # steps whose update the weights hold
-    try:
-        for step in bar:
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            seqs, valid = next(batches)
-            counts = [int(valid[:, j + 1:].sum()) for j in range(1, cfg.k + 1)]  # the whole batch's targets
-            seqs, valid = (t[rank::world].to(device) for t in (seqs, valid))  # this process's share
-            loss, stats = model(base, seqs, valid, cfg.k, counts, cfg.targets)
-            opt.zero_grad(set_to_none=True)
-            (loss * world).backward()  # DDP averages the processes' gradients: times world, they add up
-            if world > 1:
-                import torch.distributed as dist
+            dist.all_reduce(shown)  # the batch's loss, for the progress bar
+        # DDP averages the processes' gradients: times world, they add up to the whole batch's
+        return loss * world, {"loss": shown.item(), "accuracy": stats}
 
-                loss = loss.detach()
-                dist.all_reduce(loss)  # the batch's loss, for the progress bar
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            opt.step()
-            done, recent = step + 1, (recent + [(loss.item(), stats)])[-50:]
-            if step % 10 == 0:
-                acc = [sum(s[j][0] for _, s in recent) / max(1, sum(s[j][1] for _, s in recent)) for j in range(cfg.k)]
-                bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}", acc1=f"{acc[0]:.2f}", acck=f"{acc[-1]:.2f}")
-            if done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                save(done)
-    except KeyboardInterrupt:
-        bar.close()
-        if checkpoint and rank == 0:
-            save(done)
-            note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
-        raise
-    head.eval()
+    def accuracy(state: RunState) -> dict:
+        recent = [s["accuracy"] for _, s in state.recent[-50:]]
+        acc = [sum(s[j][0] for s in recent) / max(1, sum(s[j][1] for s in recent)) for j in range(cfg.k)]
+        return {"acc1": f"{acc[0]:.2f}", "acck": f"{acc[-1]:.2f}"}
+
+    key = {"config": asdict(cfg), "base": before,  # what a resumed run must share
+           "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+           "init": hashlib.sha256((Path(cfg.init) / "model.safetensors").read_bytes()).hexdigest() if cfg.init else None}
+    state = train(head, opt, step_loss, Schedule(cfg.lr, cfg.warmup), Run(run_dir if rank == 0 else None, key),
+                  steps=cfg.steps, every_steps=cfg.checkpoint_every, every_minutes=0, stop_at=stop_at,
+                  desc="train-head", quiet=rank > 0, postfix=accuracy)
     if base_fingerprint(base) != before:
         raise RuntimeError("the base's weights changed during head training")
     head.config.base_fingerprint = before
-    return head, {"train_config": asdict(cfg), "device": str(device), "resumed_at_step": first,
+    return head, {"train_config": asdict(cfg), "device": str(device), "resumed_at_step": state.resumed_at,
                   "induction_scores": scores,
                   "data_seconds": round(data_seconds),
-                  "train_seconds": round(spent + time.time() - started), "sequences": len(data),  # over resumes
+                  "train_seconds": round(state.train_seconds), "sequences": len(data),  # over resumes
                   "distilled_tokens": sum(len(s) - p for p, s in data),
                   # tokens (prompt and continuation) of every step the head trained (about: mean length)
                   "trained_tokens": cfg.steps * cfg.batch_size * sum(len(s) for _, s in data) / len(data),
-                  "final_loss": sum(l for l, _ in recent) / len(recent),
+                  "final_loss": state.mean_loss(),
                   "head_parameters": head.num_params(), "head_layers": head.config.num_layers, "base_parameters": sum(p.numel() for p in base.parameters()),
                   "base_layer_parameters": sum(p.numel() for p in base.model.layers[0].parameters())}
 
 
-def save_checkpoint(directory: Path, key: dict, data, model: torch.nn.Module, opt, step: int, recent,
-                    train_seconds: float) -> None:
-    """The run after `step` steps (train-head and train-drafter): settings key, data, weights, optimizer,
-    and the seconds of training so far (summed over resumes, for the model card)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "state.pt.tmp"
-    torch.save({"key": key, "step": step, "recent": recent, "data": data, "weights": model.state_dict(),
-                "opt": opt.state_dict(), "train_seconds": train_seconds}, tmp)
-    tmp.replace(directory / "state.pt")  # a checkpoint is whole or absent, even if this is interrupted
-
-
-def resumable(directory: Path | None, key: dict, note) -> dict | None:
-    """The saved run in directory when it was made with the same settings, base and data."""
-    path = directory / "state.pt" if directory else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a truncated or foreign file: start over rather than fail
-        note(f"ignoring {path}: unreadable ({e})")
-        return None
-    if saved.get("key") != key:
-        note(f"ignoring {path}: it was made with other settings, another base or other data")
-        return None
-    note(f"resuming from {path} at step {saved['step']}")
-    return saved
-
-
-# --- 3. acceptance on validation prompts -----------------------------------------------------------
-
-def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, **source) -> dict:
-    """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy.
-    source: head=... or drafter=..., as TorchBackend takes them. A prompt that leaves no room for
-    max_new_tokens in the context window (a long summarize passage) is left out; "prompts" counts the rest."""
-    eos, room = base.config.eos_token_id, base.config.max_position_embeddings - max_new_tokens
-    table = {}
-    for task in sorted({p["task"] for p in prompts}):
-        items = [encode_prompt(tok, task, p["prompt"]) for p in prompts if p["task"] == task]
-        items = [ids for ids in items if len(ids) <= room]
-        refs = [decode_ar(base, ids, max_new_tokens, eos) for ids in items]
-        for k in ks:
-            accepted, mismatches, near_ties = [], 0, 0
-            for ids, ref in zip(items, refs):
-                out = decode(TorchBackend(base, **source), ids, max_new_tokens, eos, k)
-                verdict, _ = compare_to_reference(ref, out.ids)
-                mismatches += verdict == "mismatch"
-                near_ties += verdict == "near-tie"
-                accepted += out.accepted
-            tau, by_position = acceptance(accepted, k)
-            table[f"{task}/k={k}"] = {"task": task, "k": k, "prompts": len(items), "steps": len(accepted), "tau": tau,
-                                      "accept_by_position": by_position, "mismatches": mismatches,
-                                      "near_ties": near_ties}
-    return table
-
-
 def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path | None = None,
-                     device: str | None = None, restart: bool = False, note=print) -> dict:
+                     device: str | None = None, restart: bool = False) -> dict:
     """What `train-head` does: distil, train, check the base, save, measure, write the model card.
     data: the user's text files (default: the built-in corpus); device: "cuda" when available, else "cpu"."""
     device = join_processes(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -420,10 +248,10 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
     if restart and checkpoint.exists():
         shutil.rmtree(checkpoint)
     if rank > 0:
-        note = lambda msg: None  # noqa: E731  rank 0 speaks for all
-    note(f"training a head for {base_dir} on {device}" + (f" x {world} processes" if world > 1 else "")
-         + f", data: {data or 'the built-in corpus (' + ', '.join(HEAD_SOURCES) + ')'}")
-    head, log = train_head(base.to(device), tok, corpus, cfg, checkpoint=checkpoint, note=note)
+        logging.getLogger("builder").setLevel(logging.WARNING)  # rank 0 speaks for all
+    logger.info("training a head for %s on %s%s, data: %s", base_dir, device, f" x {world} processes" if world > 1 else "",
+                data or "the built-in corpus (" + ", ".join(HEAD_SOURCES) + ")")
+    head, log = train_head(base.to(device), tok, corpus, cfg, run_dir=checkpoint)
     log["processes"] = world
     if world > 1:
         import torch.distributed as dist
@@ -437,7 +265,7 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
         before = json.loads((Path(cfg.init) / "train_log.json").read_text())
         log["init_log"] = {k: v for k, v in before.items() if k != "acceptance"}
     save_head(head, out)
-    note(f"measuring tau on {cfg.eval_prompts} held-back prompts per task")
+    logger.info("measuring tau on %d held-back prompts per task", cfg.eval_prompts)
     prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)), tasks=tuple(tok.tasks))
     log["acceptance"] = measure_acceptance(base, tok, prompts, range(1, head.config.k_train + 1), head=head)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
@@ -464,7 +292,7 @@ def stage_text(log: dict) -> str:
     t = log["train_config"]
     target = ("the base's whole next-token distribution (soft targets)" if t.get("targets") == "distribution"
               else "the base's greedy token")
-    counts = {task: (t.get("task_prompts") or {}).get(task, t["prompts_per_task"]) for task in ("continue", "proofread", "summarize")}
+    counts = {task: (t.get("task_prompts") or {}).get(task, t["prompts_per_task"]) for task in TASKS}
     if len(set(counts.values())) == 1:
         prompts = (f"{t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, "
                    f"`proofread`\nsentences with typos, `summarize` passages; seed {t['seed']})")

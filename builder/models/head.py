@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .model import MLP, CheckpointError, Llama, LlamaConfig, RMSNorm, apply_rope, load_config, load_state, rope_cos_sin
+from ..errors import CheckpointError
+from .llama import MLP, Llama, LlamaConfig, RMSNorm, apply_rope, load_config, load_state, rope_cos_sin
 
 
 @dataclass

@@ -26,21 +26,23 @@ speedup tau x dispatches(plain step) / dispatches(MTP step) of a GPU that spends
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .export import Checkpoints
+from ..data.tasks import TASKS
+from ..decode.loop import MODES
+from ..export.manifest import Checkpoints
+
+logger = logging.getLogger(__name__)
 
 RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-wasm-1thread", "browser-webgpu")
 # what each browser runtime asks of the page: browser-wasm runs as many WASM threads as the page picks
 # for this machine (one per core, at most 4), browser-wasm-1thread one
 PAGE_QUERY = {"browser-wasm": "?backend=wasm", "browser-wasm-1thread": "?backend=wasm&threads=1",
               "browser-webgpu": "?backend=webgpu"}
-TASKS = ("continue", "proofread", "summarize")  # each one the base offers is measured
 
 
 @dataclass
@@ -64,7 +66,7 @@ class BenchConfig:
 
 
 def modes(ks) -> list[tuple[str, int]]:
-    return [("ar", 0)] + [("mtp", k) for k in ks] + [("drafter", k) for k in ks]
+    return [(mode, k if source else 0) for mode, source in MODES.items() for k in (ks if source else (0,))]
 
 
 # --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds, prefill seconds) ---
@@ -72,10 +74,11 @@ def modes(ks) -> list[tuple[str, int]]:
 def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
     """The runner of a Python runtime and, for onnx-cpu, a function giving where a step's time went
     ({"base T=5": {"median_ms", "runs"}, "head k=4": ..}; None for torch)."""
-    from .drafter import load_drafter, torch_drafter
-    from .generate import TorchBackend, decode
-    from .model import load_llama
-    from .mtp import load_head
+    from ..decode.drafter import load_drafter, torch_drafter
+    from ..decode.loop import decode
+    from ..decode.torch_backend import TorchBackend
+    from ..models.head import load_head
+    from ..models.llama import load_llama
 
     base = load_llama(ckpts.base)
     eos = base.config.eos_token_id
@@ -85,18 +88,16 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
         backends = {"ar": lambda k: TorchBackend(base), "mtp": lambda k: TorchBackend(base, head=head),
                     "drafter": lambda k: TorchBackend(base, drafter=torch_drafter(drafter))}
     else:
-        from .export import ensure_export
-        from .onnx_backend import OnnxBackend
+        from ..decode.onnx_backend import OnnxBackend
+        from ..export.manifest import ensure_export
 
         ensure_export(ckpts, onnx_dir, ("fp32",))
-        source = {"ar": None, "mtp": "head", "drafter": "drafter"}
-
         def onnx_backend(mode, k):
             if (mode, k) not in made:
-                made[mode, k] = OnnxBackend(onnx_dir, source[mode], k)
+                made[mode, k] = OnnxBackend(onnx_dir, MODES[mode], k)
             return made[mode, k]
 
-        backends = {mode: (lambda k, mode=mode: onnx_backend(mode, k)) for mode in source}
+        backends = {mode: (lambda k, mode=mode: onnx_backend(mode, k)) for mode in MODES}
 
     def run(prompt_ids, text, task, mode, k, n):
         backend = backends[mode](k)  # torch: a fresh drafter state per decode, as the page has
@@ -216,8 +217,8 @@ def modelled_speedups(dispatches: dict, results: list[dict]) -> None:
 
 # --- measuring ---------------------------------------------------------------------------------------
 
-def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> list[dict]:
-    from .generate import acceptance, compare_to_reference
+def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan) -> list[dict]:
+    from ..decode.loop import acceptance, compare_to_reference
 
     items = {task: p[: plan.prompts] for task, p in prompts.items()}
     for task in items:  # warm-up: every mode once, so no round pays for first-run compilation
@@ -243,7 +244,7 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
                 r["tps"].append(tokens / seconds)
                 r["decode_tps"].append(tokens / (seconds - prefill))
                 r["prefill_share"].append(prefill / seconds)
-            log(f"{runtime} round {rep + 1}/{plan.repeats} {task}: " + ", ".join(
+            logger.info(f"{runtime} round {rep + 1}/{plan.repeats} {task}: " + ", ".join(
                 f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)) + " tokens/s")
     results = []
     for (task, mode, k), r in rounds.items():
@@ -270,9 +271,9 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, log) -> li
 def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
     """Bytes each model takes while decoding (weights in fp32, as every runtime but fp16 WebGPU holds them;
     KV cache) and, with an export, the bytes of the weights files a page downloads for it."""
-    from .drafter import load_drafter
-    from .model import load_llama
-    from .mtp import load_head
+    from ..decode.drafter import load_drafter
+    from ..models.head import load_head
+    from ..models.llama import load_llama
 
     base = load_llama(ckpts.base)
     head, drafter = load_head(ckpts.head, base), load_drafter(ckpts.drafter, base)
@@ -291,7 +292,7 @@ def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
 def download_bytes(onnx_dir: Path) -> dict:
     """The weights files the fp32 graphs read, per model (the head's and the drafter's beyond the base's
     file, which their graphs read too), in bytes: what a page downloads for each."""
-    from .export import read_manifest
+    from ..export.manifest import read_manifest
 
     m = read_manifest(onnx_dir)
     graphs, files = m["precisions"]["fp32"]["graphs"], m["files"]
@@ -319,17 +320,16 @@ def graph_nodes(onnx_dir: Path) -> dict:
     return {name: count(onnx_dir / g["file"]) for name, g in graphs.items()}
 
 
-def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
-          log=print) -> dict:
-    from .corpus import load_corpus, validation_prompts
-    from .generate import decode_ar
-    from .model import load_llama
-    from .mtp import read_head_config
-    from .tasks import encode_prompt, load_tokenizer
+def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) -> dict:
+    from ..data.corpus import load_corpus, validation_prompts
+    from ..data.tasks import encode_prompt, load_tokenizer
+    from ..decode.torch_backend import decode_ar
+    from ..models.head import read_head_config
+    from ..models.llama import load_llama
 
     browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
     if browsers:
-        from .browser import chromium_path
+        from ..site.browser import chromium_path
 
         chromium_path()  # a missing browser fails now, not after the Python runtimes' measurements
     tok, base = load_tokenizer(ckpts.base), load_llama(ckpts.base)
@@ -348,23 +348,23 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
             run, profile = python_runner(runtime, ckpts, onnx_dir)
-            results += measure(runtime, run, prompts, refs, cfg.plans[runtime], log)
+            results += measure(runtime, run, prompts, refs, cfg.plans[runtime])
             if profile:
                 profiles[runtime] = profile()
     if browsers:
-        from .browser import chromium, served
-        from .site import build
+        from ..site.browser import chromium, served
+        from ..site.build import build
 
-        build(ckpts, site_dir, onnx_dir, ("fp32",), note=log)
+        build(ckpts, site_dir, onnx_dir, ("fp32",))
         with served(site_dir) as url, chromium() as browser:
             for runtime in browsers:
                 context = browser.new_context()
                 page = context.new_page()
                 page.goto(url + PAGE_QUERY[runtime])
                 info = page.evaluate("window.frozenMTP.ready")
-                log(f"{runtime}: {info['note']} {info.get('adapter') or ''} {info.get('threadsNote') or ''}")
+                logger.info(f"{runtime}: {info['note']} {info.get('adapter') or ''} {info.get('threadsNote') or ''}")
                 threads[runtime] = info.get("threads")
-                results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime], log)
+                results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime])
                 if runtime == "browser-webgpu":
                     dispatches = count_dispatches(page, prompts, cfg.plans[runtime].ks)
                 else:
@@ -372,7 +372,7 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path,
                 context.close()
             if "browser-wasm" in browsers:
                 visit = first_visit(browser, url)
-                log(f"first visit ({visit['network']}): {visit['first']}; second: {visit['second']}")
+                logger.info(f"first visit ({visit['network']}): {visit['first']}; second: {visit['second']}")
     if dispatches:
         modelled_speedups(dispatches, results)
     nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}

@@ -18,11 +18,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import CheckpointError
+
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, S, n_kv_heads, head_dim)
-
-
-class CheckpointError(Exception):
-    """A checkpoint directory is missing, incomplete, corrupt or of an unsupported kind."""
 
 
 @dataclass
@@ -300,13 +298,14 @@ def load_llama(directory: str | Path) -> Llama:
     return model.eval()
 
 
-def save_llama(model: Llama, directory: str | Path) -> None:
-    """Writes config.json and model.safetensors as transformers' save_pretrained would."""
+def save_llama(model: Llama, directory: str | Path, extra: dict | None = None) -> None:
+    """Writes config.json and model.safetensors as transformers' save_pretrained would; extra: more keys for
+    config.json (transformers keeps unknown keys), e.g. the fingerprint of the base a drafter was distilled from."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
+    (directory / "config.json").write_text(json.dumps({**model.config.to_hf(), **(extra or {})}, indent=2) + "\n")
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight")

@@ -5,7 +5,7 @@ It satisfies the interface `builder.generate.decode` drives (`context`, `prefill
 per step. With the head: two runs per speculative step, the head graph of the mode's k (`head_k{k}`,
 which the page opens too: near the end of a generation, when fewer drafts are allowed, its first ones
 are taken) and the base verifying them. With the drafter: its own cache, one drafter run per draft
-(builder/drafter.py). Everything it needs to know about the graphs - input and output names, KV
+(drafter.py). Everything it needs to know about the graphs - input and output names, KV
 layout, the head's KV layer, the weights files - comes from manifest.json; every file is checked
 against the manifest's size and sha256 before a session opens. precision="fp16" runs the
 half-precision graphs (onnxruntime on the CPU computes what it has no fp16 kernel for in fp32, so this
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CheckpointError
+from ..export.manifest import read_manifest
 from .drafter import IndependentDrafter
-from .export import read_manifest
-from .model import CheckpointError
 
 
 @dataclass

@@ -9,11 +9,15 @@ The model is run through two functions, so the same logic serves PyTorch and ONN
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
-from .model import CheckpointError, Llama, load_llama
+from ..errors import CheckpointError
+from ..models.llama import Llama, load_llama
+
+logger = logging.getLogger(__name__)
 
 DRAFTER_K_MAX = 16  # the most drafts per step the drafter is asked for (any k works; more is not useful)
 
@@ -47,6 +51,22 @@ def torch_drafter(model: Llama) -> IndependentDrafter:
         return int(logits[0, -1].argmax()), cache
 
     return IndependentDrafter(forward, lambda cache, n: [(k[:, :n], v[:, :n]) for k, v in cache])
+
+
+def drafter_for(base_dir: Path, drafter_dir: Path) -> Path | None:
+    """drafter_dir when it holds a drafter distilled from the base in base_dir (its config.json records
+    that base's fingerprint), else None (logged): the default drafter of `build`."""
+    from ..models.head import base_fingerprint
+    from ..models.llama import load_config
+
+    if not (Path(drafter_dir) / "config.json").is_file():
+        logger.info("no drafter in %s: the site offers plain decoding and MTP", drafter_dir)
+        return None
+    if load_config(drafter_dir).get("base_fingerprint") != base_fingerprint(load_llama(base_dir)):
+        logger.info("the drafter in %s was not distilled from %s: the site offers plain decoding and MTP "
+                    "(--drafter DIR adds one)", drafter_dir, base_dir)
+        return None
+    return Path(drafter_dir)
 
 
 def load_drafter(directory: str | Path, base: Llama) -> Llama:

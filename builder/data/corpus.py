@@ -24,11 +24,9 @@ from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
+from ..errors import DataError
+
 VALIDATION_EVERY = 20  # one file in 20 goes to validation
-
-
-class DataError(Exception):
-    pass
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A small Llama-family language model of its own (embeddings, decoder layers, KV cache, prefill), about
 the size of the MTP head, trained by distillation on exactly the head's data: the same training-split
-prompts of every task with the frozen base's greedy continuations (`train_head.greedy_continuations`).
+prompts of every task with the frozen base's greedy continuations (`distill.greedy_continuations`).
 The loss is cross-entropy with the base's full next-token distribution (soft targets, temperature 1)
 at every position, so the drafter learns the base's distribution, not only its argmax.
 """
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from .corpus import HEAD_SOURCES, load_corpus, validation_prompts
-from .model import Llama, LlamaConfig, load_llama, save_llama
-from .tasks import load_tokenizer
-from .train_base import lr_at
-from .mtp import base_fingerprint
-from .train_head import HeadTrainConfig, distilled, make_batches, resumable, save_checkpoint, training_prompts
+from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
+from ..data.tasks import load_tokenizer
+from ..models.head import base_fingerprint
+from ..models.llama import Llama, LlamaConfig, load_llama, save_llama
+from .distill import distilled, make_batches, measure_acceptance, training_prompts
+from .head import HeadTrainConfig
+from .loop import Run, Schedule, sequential, train
 
 
 @dataclass
@@ -54,80 +54,61 @@ def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
                        bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
 
 
-def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, checkpoint: Path | None = None, note=print):
-    """Distils and trains; with a checkpoint directory, saves there every cfg.checkpoint_every steps and
-    on Ctrl-C, and resumes from it (to the weights of an uninterrupted run) when it holds this run."""
+def distill_loss(drafter: Llama, base: Llama, seqs: torch.Tensor, valid: torch.Tensor):
+    """Cross-entropy with the base's whole next-token distribution at every position (padding aside), and
+    the share of the base's tokens where the drafter's argmax agrees with the base's."""
+    real = seqs != 0
+    real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
+    with torch.no_grad():
+        target = F.softmax(base(seqs)[0], dim=-1)  # (B, N, V) the base's next-token distribution
+    logits = drafter(seqs)[0]
+    loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1)[real].mean()
+    return loss, (logits.argmax(-1) == target.argmax(-1))[valid].float().mean().item()
+
+
+def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, run_dir: Path | None = None,
+                  stop_at: int | None = None):
+    """Distils and trains with the one training loop (loop.py); with a run directory, checkpointed every
+    cfg.checkpoint_every steps and on Ctrl-C, and resumed from it to the weights of a run never stopped."""
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     data_cfg = HeadTrainConfig(seed=cfg.seed, prompts_per_task=cfg.prompts_per_task, new_tokens=cfg.new_tokens)  # the head's data
     prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
     fingerprint = base_fingerprint(base)
-    key = {"config": asdict(cfg), "base": fingerprint, "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}
-    saved = resumable(checkpoint, key, note)
-    data = saved["data"] if saved else distilled(base, fingerprint, prompts, data_cfg.new_tokens, note)
+    data = distilled(base, fingerprint, prompts, data_cfg.new_tokens)
     data_seconds = time.time() - t0
 
     drafter = Llama(drafter_config(base.config, cfg))
     drafter.init_weights(cfg.seed)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    batches = make_batches(data, cfg.batch_size, random.Random(cfg.seed))
-    first, recent, spent, started = 0, [], saved.get("train_seconds", 0) if saved else 0, time.time()
-    if saved:
-        drafter.load_state_dict(saved["weights"])
-        opt.load_state_dict(saved["opt"])
-        first, recent = saved["step"], saved["recent"]
-        for _ in range(first):  # the same batches as an uninterrupted run from here on
-            next(batches)
-    drafter.train()
-    bar = tqdm(range(first, cfg.steps), desc="train-drafter", unit="step", initial=first, total=cfg.steps)
-    done = first  # steps whose update the weights hold
-    try:
-        for step in bar:
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            seqs, valid = next(batches)
-            real = seqs != 0
-            real[:, 0] = True  # position 0 is the task marker; padding is id 0 after the end
-            with torch.no_grad():
-                target = F.softmax(base(seqs)[0], dim=-1)  # (B, N, V) the base's next-token distribution
-            logits = drafter(seqs)[0]
-            loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1)[real].mean()
-            agree = (logits.argmax(-1) == target.argmax(-1))[valid].float().mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            opt.step()
-            done, recent = step + 1, (recent + [(loss.item(), agree.item())])[-50:]
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{sum(l for l, _ in recent) / len(recent):.3f}",
-                                agree=f"{sum(a for _, a in recent) / len(recent):.2f}")
-            if checkpoint and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                save_checkpoint(checkpoint, key, data, drafter, opt, done, recent, spent + time.time() - started)
-    except KeyboardInterrupt:
-        bar.close()
-        if checkpoint:
-            save_checkpoint(checkpoint, key, data, drafter, opt, done, recent, spent + time.time() - started)
-            note(f"interrupted: saved the run after step {done} in {checkpoint}; run the same command to resume")
-        raise
-    drafter.eval()
+    batch = sequential(make_batches(data, cfg.batch_size, random.Random(cfg.seed)))
+
+    def step_loss(step: int):
+        loss, agree = distill_loss(drafter, base, *batch(step))
+        return loss, {"agree": agree}
+
+    key = {"config": asdict(cfg), "base": fingerprint, "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}
+    state = train(drafter, opt, step_loss, Schedule(cfg.lr, cfg.warmup), Run(run_dir, key), steps=cfg.steps,
+                  every_steps=cfg.checkpoint_every, every_minutes=0, stop_at=stop_at, desc="train-drafter",
+                  postfix=lambda st: {"agree": f"{sum(s['agree'] for _, s in st.recent[-50:]) / len(st.recent[-50:]):.2f}"})
+    recent = state.recent[-50:]
     return drafter, {"train_config": asdict(cfg), "data_seconds": round(data_seconds),
-                     "train_seconds": round(spent + time.time() - started), "sequences": len(data), "resumed_at_step": first,
-                     "final_loss": sum(l for l, _ in recent) / len(recent),
-                     "final_agreement_with_base": sum(a for _, a in recent) / len(recent),
+                     "train_seconds": round(state.train_seconds), "sequences": len(data), "resumed_at_step": state.resumed_at,
+                     "final_loss": state.mean_loss(), "base_fingerprint": fingerprint,
+                     "final_agreement_with_base": sum(s["agree"] for _, s in recent) / len(recent),
                      "drafter_parameters": sum(p.numel() for p in drafter.parameters())}
 
 
 def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict:
     """What `train-drafter` does: distil, train, save (a standard checkpoint), measure tau, write the card."""
-    from .drafter import torch_drafter
-    from .train_head import measure_acceptance
+    from ..decode.drafter import torch_drafter
 
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
     corpus = load_corpus(HEAD_SOURCES)
     checkpoint = out / "checkpoint"
-    drafter, log = train_drafter(base, tok, corpus, cfg, checkpoint=checkpoint)
+    drafter, log = train_drafter(base, tok, corpus, cfg, run_dir=checkpoint)
     out.mkdir(parents=True, exist_ok=True)
-    save_llama(drafter, out)
+    save_llama(drafter, out, {"base_fingerprint": log["base_fingerprint"]})
     shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
     ks = range(1, HeadTrainConfig().k + 1)  # the k of the head's table, for a side-by-side comparison
     log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts, tasks=tuple(tok.tasks)), ks,

@@ -1,0 +1,1 @@
+"""`bench`: plain vs MTP vs drafter side by side in one run (run.py), and its report (report.py)."""

@@ -1,0 +1,224 @@
+"""The ONNX graphs of the base, the MTP head and the independent drafter, and the weights files they read.
+
+Graphs, all exported from the one model definition (models/llama.py, models/head.py) through small
+wrappers that only rename and flatten:
+
+    base.onnx     input_ids (1, T), past_key_i / past_value_i (1, S, n_kv, head_dim) for every layer i
+                  -> choices (1, T) int64     the greedy token after each fed position (argmax in the graph)
+                     margins (1, T) float     top-1 minus top-2 logit there (the exactness rule's; a page leaves it on the GPU)
+                     hidden (1, T, C)         the final normed hidden states
+                     present_key_i / present_value_i (1, S + T, n_kv, head_dim)
+                  T and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
+    head_k{k}.onnx  k = 1..K: the head's chain of exactly k drafts (drafting k costs k steps)
+                  hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the
+                  index of the anchor in it; token (1, 1) int64: the base's choice at the anchor;
+                  past_key / past_value (1, S, n_kv, head_dim): the base's cache of layer kv_layer,
+                  positions 0..anchor -> drafts (1, k) int64, each conditioned on the one before.
+    drafter.onnx  the independent drafter, with the base graph's inputs and outputs.
+
+Each graph is exported in every precision asked for: fp32, and fp16 (`*.fp16.onnx`: the same modules
+cast to half, every float input and output float16; RMSNorm and softmax compute in fp32 inside).
+
+In the fp32 graphs each residual RMSNorm and each rotary embedding is one of onnxruntime's fused
+operators (com.microsoft domain, kernels on CPU, WASM and WebGPU; `fuse`): 35 % fewer nodes in the base.
+
+Every weight is stored once. A graph file holds only the graph; its weights are ONNX external data in one
+file per model and precision (`base.data`, `head.data`, `drafter.data`, `*.fp16.data`), found by
+content: the head graphs read the embedding and LM head from the base's file, and the six head graphs
+share the head's. A checkpoint saved in fp16 (the shipped ones are) has its fp32 graphs read the fp16
+files too, behind Casts (`half_stored`): one file per model, half the download, the same fp32 values.
+Logits are never an output: the decode loop reads only token ids.
+
+The manifest that describes them is manifest.py's; the rewrites that fuse them, fuse.py's.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+import torch.nn as nn
+
+from ..decode.torch_backend import greedy
+from ..models.head import MTPHead
+from ..models.llama import Llama
+from .fuse import INLINE_BYTES, fuse, half_stored, untranspose, without_provenance
+from .manifest import PRECISIONS
+
+OPSET = 18
+
+
+class BaseGraph(nn.Module):
+    """The base with flat per-layer KV inputs/outputs and the greedy choice and margin computed inside."""
+
+    def __init__(self, base: Llama):
+        super().__init__()
+        self.base = base
+
+    def forward(self, input_ids, past: list[torch.Tensor]):
+        logits, hidden, present = self.base(input_ids, list(zip(past[0::2], past[1::2])))
+        choices, margins = greedy(logits[0])  # (T,), (T,)
+        return choices[None], margins[None], hidden, [t for kv in present for t in kv]
+
+
+class HeadGraph(nn.Module):
+    """The head's chain of k drafts in one graph, reading the base's outputs as they are."""
+
+    def __init__(self, head: MTPHead, base: Llama, k: int):
+        super().__init__()
+        self.head, self.base, self.k = head, base, k
+
+    def forward(self, hidden, anchor, token, past_key, past_value):
+        h = hidden.index_select(1, anchor)  # (1, 1, C): the base's hidden state at the anchor
+        return self.head.draft_ids(self.base, h, token, past_key, past_value, self.k)
+
+
+# --- the I/O contract of each graph ------------------------------------------------------------------
+
+def io(name: str, dtype: str, shape: list, location: str | None = None) -> dict:
+    d = {"name": name, "dtype": dtype, "shape": shape}
+    if location:
+        d["location"] = location
+    return d
+
+
+def float_type(module: nn.Module) -> str:
+    """The ONNX name of a module's float type: its graphs' float inputs and outputs have this type."""
+    return str(next(module.parameters()).dtype).removeprefix("torch.").replace("half", "float16")
+
+
+def base_io(base: Llama) -> dict:
+    cfg, fl = base.config, float_type(base)
+    kv = [cfg.num_key_value_heads, cfg.head_dim]
+    layers = range(cfg.num_hidden_layers)
+    past = [io(f"past_{kind}_{i}", fl, [1, "S", *kv]) for i in layers for kind in ("key", "value")]
+    present = [io(f"present_{kind}_{i}", fl, [1, "S + T", *kv], "gpu") for i in layers for kind in ("key", "value")]
+    return {"inputs": [io("input_ids", "int64", [1, "T"])] + past,
+            "outputs": [io("choices", "int64", [1, "T"], "cpu"), io("margins", fl, [1, "T"], "gpu"),
+                        io("hidden", fl, [1, "T", cfg.hidden_size], "gpu")] + present}
+
+
+def head_io(head: MTPHead, k: int) -> dict:
+    cfg, fl = head.config, float_type(head)
+    kv = [cfg.num_key_value_heads, cfg.head_dim]
+    return {"inputs": [io("hidden", fl, [1, "T", cfg.hidden_size]), io("anchor", "int64", [1]),
+                       io("token", "int64", [1, 1]), io("past_key", fl, [1, "S", *kv]),
+                       io("past_value", fl, [1, "S", *kv])],
+            "outputs": [io("drafts", "int64", [1, k], "cpu")]}
+
+
+def names(spec: list[dict]) -> list[str]:
+    return [s["name"] for s in spec]
+
+
+def kv_layout(spec: dict, cfg) -> dict:
+    """The KV cache of a base-shaped graph (the base's or the drafter's): names in order, shape."""
+    return {"layers": cfg.num_hidden_layers, "shape": [1, "S", cfg.num_key_value_heads, cfg.head_dim],
+            "sequence_axis": 1,
+            "past_inputs": [n for n in names(spec["inputs"]) if n.startswith("past_")],
+            "present_outputs": [n for n in names(spec["outputs"]) if n.startswith("present_")]}
+
+
+# --- exporting ---------------------------------------------------------------------------------------
+
+def to_onnx(module: nn.Module, args: tuple, spec: dict, dynamic_shapes) -> onnx.ModelProto:
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module.eval(), args, None, input_names=names(spec["inputs"]),
+                                    output_names=names(spec["outputs"]), dynamic_shapes=dynamic_shapes,
+                                    opset_version=OPSET, dynamo=True, verbose=False, optimize=True)
+    return half_stored(fuse(untranspose(without_provenance(program.model_proto), module)))
+
+
+def export_base(base: Llama) -> tuple[onnx.ModelProto, dict]:
+    cfg = base.config
+    T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
+    S = torch.export.Dim("S", min=0, max=cfg.max_position_embeddings)
+    # example sizes >= 2 on every dynamic axis, or the exporter specialises the axis
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    dtype = next(base.parameters()).dtype
+    past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_hidden_layers)]
+    spec = base_io(base)
+    return to_onnx(BaseGraph(base), (ids, past), spec, ({1: T}, [{1: S}] * len(past))), spec
+
+
+def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, dict]:
+    cfg = base.config
+    T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
+    S = torch.export.Dim("S", min=1, max=cfg.max_position_embeddings)
+    dtype = next(head.parameters()).dtype
+    hidden = torch.zeros(1, 3, cfg.hidden_size, dtype=dtype)
+    kv = torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
+    args = (hidden, torch.tensor([2]), torch.tensor([[1]]), kv, kv.clone())
+    spec = head_io(head, k)
+    return to_onnx(HeadGraph(head, base, k), args, spec, ({1: T}, None, None, {1: S}, {1: S})), spec
+
+
+class WeightStore:
+    """Writes the initializers of many graphs as ONNX external data, each distinct tensor once: a tensor
+    goes to the weights file of the first model that has it, and any later graph holding the same
+    tensor (same type, shape and bytes) points at that copy."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.where: dict[bytes, tuple[str, int, int]] = {}  # tensor digest -> (file, offset, length)
+        self.sizes: dict[str, int] = {}                    # weights file -> bytes written so far
+
+    def externalize(self, model: onnx.ModelProto, owner: str, suffix: str) -> list[str]:
+        """Moves model's large initializers into weights files, new ones into `owner`'s file of this
+        precision (`{owner}{suffix}.data`; float16 tensors into `{owner}.fp16.data` in every precision, where
+        the fp16 graphs find them); returns the files the model reads, in order."""
+        used = []
+        for t in model.graph.initializer:
+            data = onnx.numpy_helper.to_array(t)
+            if data.nbytes <= INLINE_BYTES:
+                continue
+            file = f"{owner}{'.fp16' if data.dtype == np.float16 else suffix}.data"
+            raw = np.ascontiguousarray(data).tobytes()
+            key = hashlib.sha256(f"{t.data_type}{list(t.dims)}".encode() + raw).digest()
+            if key not in self.where:
+                offset = -(-self.sizes.get(file, 0) // 64) * 64  # 64-byte aligned
+                with open(self.out / file, "r+b" if file in self.sizes else "wb") as f:
+                    f.seek(offset)
+                    f.write(raw)
+                self.where[key] = (file, offset, len(raw))
+                self.sizes[file] = offset + len(raw)
+            location, offset, length = self.where[key]
+            t.CopyFrom(onnx.numpy_helper.from_array(data, t.name))  # the bytes in raw_data, as set_external_data wants
+            onnx.external_data_helper.set_external_data(t, location, offset, length)
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            used += [location] if location not in used else []
+        return used
+
+
+def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out: Path,
+                  precisions: tuple[str, ...]) -> dict:
+    """Writes every graph, in each precision, with their weights files into out/.
+    Returns precision -> {"dtype", "graphs": name -> {file, weights, inputs, outputs}}."""
+    store, result = WeightStore(out), {}
+    for precision in precisions:
+        cast = (lambda m: copy.deepcopy(m).half()) if precision == "fp16" else (lambda m: m)
+        suffix = ".fp16" if precision == "fp16" else ""
+        b = cast(base)
+        jobs = [("base", "base", lambda: export_base(b))]
+        if head is not None:
+            h = cast(head)
+            jobs += [(f"head_k{k}", "head", lambda k=k: export_head(h, b, k)) for k in range(1, head.config.k_train + 1)]
+        if drafter is not None:
+            d = cast(drafter)
+            jobs.append(("drafter", "drafter", lambda: export_base(d)))
+        graphs = {}
+        for name, owner, make in jobs:
+            model, spec = make()
+            weights = store.externalize(model, owner, suffix)
+            onnx.save(model, out / f"{name}{suffix}.onnx")
+            graphs[name] = {"file": f"{name}{suffix}.onnx", "weights": weights, **spec}
+        result[precision] = {"dtype": PRECISIONS[precision], "graphs": graphs}
+    return result

@@ -1,0 +1,109 @@
+"""`build`: the static site, rendered from web/ into one self-contained folder.
+
+build() reads as the recipe:
+1. export the checkpoints to ONNX (reused when build/onnx already is their export);
+2. install the browser libraries with `npm ci` from web/package-lock.json when they are missing;
+3. render web/templates with jinja2, copy the page's ES modules and stylesheet;
+4. copy the graphs and weights files of the precisions asked for, the tokenizer, and a manifest that
+   lists exactly those files;
+5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences).
+
+Every path in the site is relative, so the folder works on any static host.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+
+import jinja2
+
+from ..errors import SiteError
+from ..export.manifest import MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files
+
+logger = logging.getLogger(__name__)
+
+WEB = Path(__file__).resolve().parents[2] / "web"
+# node_modules file -> site file. Two builds of onnxruntime-web, each bundle with the WebAssembly runtime
+# it imports next to itself; the page loads one (load.mjs): ort.webgpu.min.mjs, the native WebGPU bundle
+# (its asyncify runtime also runs the wasm EP), on WebGPU; ort.wasm.min.mjs, half the bytes, on WASM.
+VENDOR = {
+    "onnxruntime-web/dist/ort.webgpu.min.mjs": "vendor/ort/ort.webgpu.min.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.mjs": "vendor/ort/ort-wasm-simd-threaded.asyncify.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm": "vendor/ort/ort-wasm-simd-threaded.asyncify.wasm",
+    "onnxruntime-web/dist/ort.wasm.min.mjs": "vendor/ort/ort.wasm.min.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.mjs": "vendor/ort/ort-wasm-simd-threaded.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.wasm": "vendor/ort/ort-wasm-simd-threaded.wasm",
+    "@huggingface/tokenizers/dist/tokenizers.min.mjs": "vendor/tokenizers/tokenizers.min.mjs",
+    "@huggingface/tokenizers/LICENSE": "vendor/tokenizers/LICENSE",
+}
+
+def build(ckpts: Checkpoints, out: Path, onnx_dir: Path, precisions: tuple[str, ...] = tuple(PRECISIONS)) -> dict:
+    """Builds the static site into out/ (replacing it) with the graphs of ckpts in the given precisions.
+    Returns the site's manifest."""
+    out = Path(out)
+    manifest = ensure_export(ckpts, Path(onnx_dir), precisions)  # every file checked against its sha256
+    node_modules = npm_ci(WEB)
+
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "models").mkdir(parents=True)
+    site_manifest = site_models(manifest, Path(onnx_dir), precisions, out / "models")
+    render(out, site_manifest)
+    for src, dst in VENDOR.items():
+        (out / dst).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(node_modules / src, out / dst)
+    logger.info("built the site in %s (%.1f MB)", out, site_bytes(out) / 1e6)
+    return site_manifest
+
+
+def npm_ci(web: Path) -> Path:
+    """web/node_modules, installed from the lock file (`npm ci`) unless every file the site needs is there."""
+    node_modules = web / "node_modules"
+    if all((node_modules / src).is_file() for src in VENDOR):
+        return node_modules
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SiteError("npm is not installed: it installs onnxruntime-web from web/package-lock.json "
+                        "(Debian: apt-get install npm)")
+    logger.info("installing the browser libraries: npm ci in web/")
+    done = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=web,
+                          capture_output=True, text=True)
+    missing = [src for src in VENDOR if not (node_modules / src).is_file()]
+    if done.returncode != 0 or missing:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SiteError(f"npm ci in {web} failed ({last})" if done.returncode else
+                        f"npm ci in {web} did not install {missing[0]}")
+    return node_modules
+
+
+def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], models: Path) -> dict:
+    """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those."""
+    kept = {p: manifest["precisions"][p] for p in precisions}
+    files = {f for p in kept.values() for g in p["graphs"].values() for f in graph_files(g)} | {manifest["tokenizer"]}
+    for name in sorted(files):
+        shutil.copyfile(onnx_dir / name, models / name)
+    site_manifest = {**manifest, "precisions": kept, "files": {f: manifest["files"][f] for f in sorted(files)}}
+    (models / MANIFEST).write_text(json.dumps(site_manifest, indent=2) + "\n")
+    return site_manifest
+
+
+def render(out: Path, manifest: dict) -> None:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB / "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    examples = json.loads((WEB / "examples.json").read_text(encoding="utf-8"))["examples"]
+    tasks = list(manifest["tasks"])  # the tasks this model offers, each with its examples
+    # the modes this export runs, the draft source's first (the page's default): mtp, ar, drafter
+    modes = sorted(manifest["modes"], key=lambda m: (m != manifest["defaults"]["mode"], m != "ar"))
+    context = {"examples": {t: examples.get(t, []) for t in tasks}, "tasks": tasks, "k_max": manifest["head"]["k"], "modes": modes,
+               "context_length": manifest["context_length"], "n_layers": manifest["kv"]["layers"], "defaults": manifest["defaults"]}
+    for template in sorted((WEB / "templates").glob("[!_]*.html")):
+        (out / template.name).write_text(env.get_template(template.name).render(**context), encoding="utf-8")
+    for static in sorted((WEB / "src").iterdir()):
+        shutil.copyfile(static, out / static.name)
+
+
+def site_bytes(out: Path) -> int:
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

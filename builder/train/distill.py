@@ -1,0 +1,140 @@
+"""What the head and the drafter learn from and are measured by.
+
+Self-distillation data: prompts of every task from the training split (`training_prompts`); the frozen
+base writes its own greedy continuation of each (`greedy_continuations`, batched by prompt length, so no
+padding is needed), kept in build/distill/ by (base, prompts, length) (`distilled`): the head and the
+drafter distil the same data, and on this CPU that is a quarter of each one's time. `make_batches`
+serves it as padded batches in an order that depends on the content alone.
+
+`measure_acceptance`: tau and acceptance by draft position on held-back prompts, and whether every
+output equals plain greedy decoding: the tables of both model cards.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..data.corpus import Corpus, proofread_pairs, summary_pairs
+from ..data.tasks import encode_prompt, encode_text
+from ..decode.loop import acceptance, compare_to_reference, decode
+from ..decode.torch_backend import TorchBackend, decode_ar
+from ..models.llama import Llama
+
+logger = logging.getLogger(__name__)
+
+
+def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str, int] | None = None) -> list[list[int]]:
+    """Prompt ids of every task from the training split: continue prefixes of 4-40 tokens, proofread
+    sentences with typos, summarize passages (n of each, or per_task[task], or as many as there are)."""
+    rng = random.Random(seed)
+    prompts = []
+    count = lambda task, pool: min((per_task or {}).get(task, n), len(pool))  # noqa: E731
+    prefix = tok.tasks["continue"]["prefix"]
+    for text in rng.sample(corpus.train, count("continue", corpus.train)):
+        ids = encode_text(tok, text)
+        prompts.append(prefix + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
+    # fresh typos (another seed than the base's training pairs): the base has not memorised these fixes
+    pairs = proofread_pairs(corpus.train, seed + 1000)
+    for typo, _ in rng.sample(pairs, count("proofread", pairs)):
+        prompts.append(encode_prompt(tok, "proofread", typo))
+    if "summarize" in tok.tasks:  # passages of the training sections (none in a user's plain text files)
+        passages = summary_pairs(corpus.train_sections)
+        for passage, _ in rng.sample(passages, count("summarize", passages)):
+            prompts.append(encode_prompt(tok, "summarize", passage))
+    return prompts
+
+
+@torch.no_grad()
+def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int, eos: int, batch: int = 64):
+    """The base's greedy continuation of every prompt, as (prompt_len, full sequence) pairs."""
+    by_len = defaultdict(list)
+    for p in prompts:
+        by_len[len(p)].append(p)
+    out = []
+    groups = [g[i:i + batch] for g in by_len.values() for i in range(0, len(g), batch)]
+    device = next(base.parameters()).device
+    for group in tqdm(groups, desc="self-distillation data", unit="batch"):
+        ids = torch.tensor(group, device=device)
+        room = min(new_tokens, base.config.max_position_embeddings - ids.shape[1])
+        logits, _, cache = base(ids)
+        seqs = [ids]
+        for _ in range(room):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            seqs.append(nxt)
+            if eos is not None and bool((torch.cat(seqs[1:], 1) == eos).any(1).all()):
+                break
+            logits, _, cache = base(nxt, cache)
+        full = torch.cat(seqs, 1).tolist()
+        for seq in full:
+            new = seq[len(group[0]):]
+            if eos in new:
+                new = new[: new.index(eos) + 1]
+            out.append((len(group[0]), seq[: len(group[0])] + new))
+    return out
+
+
+DISTILL_CACHE = Path(__file__).resolve().parents[2] / "build" / "distill"
+
+
+def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_tokens: int):
+    """greedy_continuations, kept in build/distill/ by (base, prompts, length): train-head and
+    train-drafter distil the same data, and on this CPU that is a quarter of each one's time."""
+    key = hashlib.sha256(json.dumps([fingerprint, prompts, new_tokens]).encode()).hexdigest()[:20]
+    path = DISTILL_CACHE / f"{key}.pt"
+    if path.is_file():
+        logger.info("reusing the base's continuations from %s", path)
+        return torch.load(path, weights_only=True)
+    data = greedy_continuations(base, prompts, new_tokens, base.config.eos_token_id)
+    DISTILL_CACHE.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return data
+
+
+def make_batches(data, batch: int, rng: random.Random):
+    """Endless batches of similar length, right-padded (causal attention ignores the padding). The order
+    depends on the data's content only, not on the order it came in (distilled by one process or several)."""
+    data = sorted(data, key=lambda d: (len(d[1]), d[1], d[0]))
+    groups = [data[i:i + batch] for i in range(0, len(data), batch)]
+    while True:
+        rng.shuffle(groups)
+        for g in groups:
+            N = max(len(s) for _, s in g)
+            seqs = torch.zeros(len(g), N, dtype=torch.long)
+            valid = torch.zeros(len(g), N, dtype=torch.bool)
+            for i, (p, s) in enumerate(g):
+                seqs[i, : len(s)] = torch.tensor(s)
+                valid[i, p: len(s)] = True
+            yield seqs, valid
+
+
+def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, **source) -> dict:
+    """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy.
+    source: head=... or drafter=..., as TorchBackend takes them. A prompt that leaves no room for
+    max_new_tokens in the context window (a long summarize passage) is left out; "prompts" counts the rest."""
+    eos, room = base.config.eos_token_id, base.config.max_position_embeddings - max_new_tokens
+    table = {}
+    for task in sorted({p["task"] for p in prompts}):
+        items = [encode_prompt(tok, task, p["prompt"]) for p in prompts if p["task"] == task]
+        items = [ids for ids in items if len(ids) <= room]
+        refs = [decode_ar(base, ids, max_new_tokens, eos) for ids in items]
+        for k in ks:
+            accepted, mismatches, near_ties = [], 0, 0
+            for ids, ref in zip(items, refs):
+                out = decode(TorchBackend(base, **source), ids, max_new_tokens, eos, k)
+                verdict, _ = compare_to_reference(ref, out.ids)
+                mismatches += verdict == "mismatch"
+                near_ties += verdict == "near-tie"
+                accepted += out.accepted
+            tau, by_position = acceptance(accepted, k)
+            table[f"{task}/k={k}"] = {"task": task, "k": k, "prompts": len(items), "steps": len(accepted), "tau": tau,
+                                      "accept_by_position": by_position, "mismatches": mismatches,
+                                      "near_ties": near_ties}
+    return table
