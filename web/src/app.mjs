@@ -2,7 +2,7 @@
 // window.frozenMTP (CONTRACT.md) for tests and outside checks. User and model text only ever reaches the
 // page through textContent, never innerHTML.
 
-import { DeviceLostError, PageError } from './errors.mjs';
+import { DeviceLostError, PageError, listed } from './errors.mjs';
 import { acceptance, decode } from './generate.mjs';
 import { chooseBackend, choosePrecision, chooseThreads } from './runtime.mjs';
 import { loadModels } from './sessions.mjs';
@@ -144,7 +144,7 @@ function generate({ prompt, task = 'continue', mode, k, maxNewTokens, trace = fa
     k ??= manifest.defaults.k;
     maxNewTokens ??= manifest.defaults.max_new_tokens;
     if (!(mode in manifest.modes)) {
-      throw new PageError(`unknown mode "${mode}": this site offers ${Object.keys(manifest.modes).join(', ')}`);
+      throw new PageError(`unknown mode "${mode}": choose ${listed(Object.keys(manifest.modes))}`);
     }
     if (manifest.modes[mode] && !(Number.isInteger(k) && k >= 1 && k <= kMax(manifest, mode))) {
       throw new PageError(`k must be a whole number from 1 to ${kMax(manifest, mode)}, got ${k}`);
@@ -210,8 +210,9 @@ for (const button of document.querySelectorAll('.example')) {
 }
 $('k').addEventListener('input', () => { $('k-value').textContent = $('k').value; });
 $('mode').addEventListener('change', async () => {
-  $('k').disabled = $('mode').value === 'ar';
-  $('k').max = kMax((await current).models.manifest, $('mode').value);  // the template's max is the head's
+  const { manifest } = (await current).models;
+  $('k').disabled = !manifest.modes[$('mode').value];  // a mode without a draft source has no k
+  if (!$('k').disabled) $('k').max = kMax(manifest, $('mode').value);  // the template's max is the head's
   $('k-value').textContent = $('k').value;
 });
 

@@ -5,3 +5,6 @@ export class PageError extends Error {}
 
 /** The WebGPU device was lost (driver reset, GPU process crash, device destroyed): its sessions are gone. */
 export class DeviceLostError extends PageError {}
+
+/** "a, b or c": the choices an error names. */
+export const listed = (names) => (names.length > 1 ? `${names.slice(0, -1).join(', ')} or ${names.at(-1)}` : names[0]);

@@ -1,10 +1,7 @@
 // The tasks' one prompt format and the text of token ids, as builder/tasks.py: a prompt is the task's
 // prefix ids (from the manifest), the ids of the user's text, then the task's suffix ids.
 
-import { PageError } from './errors.mjs';
-
-/** "a, b or c" */
-const listed = (names) => (names.length > 1 ? `${names.slice(0, -1).join(', ')} or ${names.at(-1)}` : names[0]);
+import { PageError, listed } from './errors.mjs';
 
 export class TaskTokenizer {
   /**
