@@ -1,4 +1,4 @@
-// The independent drafter as a draft source, as builder/drafter.py: a small language model of its own
+// The independent drafter as a draft source, as builder/decode/drafter.py: a small language model of its own
 // that reads only tokens. It keeps the cache of the longest prefix of the context it has already read
 // (accepted drafts included), so each step it reads only the tokens decided since, then drafts greedily,
 // one token per run. The model is run through three functions (onnx_backend.mjs gives them):

@@ -1,6 +1,6 @@
 // The page's two kinds of error, shared by its modules.
 
-/** An error a visitor can act on; `message` is one plain sentence (builder/tasks.py's PromptError and kin). */
+/** An error a visitor can act on; `message` is one plain sentence (builder/data/tasks.py's PromptError and kin). */
 export class PageError extends Error {}
 
 /** The WebGPU device was lost (driver reset, GPU process crash, device destroyed): its sessions are gone. */

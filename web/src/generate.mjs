@@ -1,4 +1,4 @@
-// Greedy decoding, plain and speculative, as one loop over a small backend interface: builder/generate.py's
+// Greedy decoding, plain and speculative, as one loop over a small backend interface: builder/decode/loop.py's
 // `decode`, line for line (its docstring explains the loop). The backend (onnx_backend.mjs) runs the graphs.
 // The page's extras: onStep sees the decode after every step (streaming), and an aborted signal stops it
 // before the next step (`stopped` is then 'stopped').

@@ -1,4 +1,4 @@
-// The decode loop's backend over the ONNX graphs in the page, as builder/onnx_backend.py in Python: it
+// The decode loop's backend over the ONNX graphs in the page, as builder/decode/onnx_backend.py in Python: it
 // satisfies the interface generate.mjs's `decode` drives (`context`, `prefill`, `verify`, `rollback`,
 // `draft`). Plain decoding: one base run per step. With the head: two runs per speculative step, the head
 // graph of the user's k (`head.by_k[k]`; when fewer drafts are allowed near the end of a generation, the

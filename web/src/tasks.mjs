@@ -1,4 +1,4 @@
-// The tasks' one prompt format and the text of token ids, as builder/tasks.py: a prompt is the task's
+// The tasks' one prompt format and the text of token ids, as builder/data/tasks.py: a prompt is the task's
 // prefix ids (from the manifest), the ids of the user's text, then the task's suffix ids.
 
 import { PageError, listed } from './errors.mjs';
@@ -17,7 +17,7 @@ export class TaskTokenizer {
 
   /** The ids of plain text (no special tokens recognised in it), as Python's encode_text. */
   encodeText(text) {
-    // a lone surrogate (half a UTF-16 pair) becomes U+FFFD, as builder/tasks.py's well_formed
+    // a lone surrogate (half a UTF-16 pair) becomes U+FFFD, as builder/data/tasks.py's well_formed
     return text ? this.tokenizer.encode(text.toWellFormed(), { add_special_tokens: false }).ids : [];
   }
 
