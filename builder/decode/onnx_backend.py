@@ -109,7 +109,7 @@ class OnnxBackend:
                          state.ids[:keep])
 
     def independent_drafter(self, session) -> IndependentDrafter:
-        """The drafter graph behind the one drafting logic of builder/drafter.py (its own cache, by prefix)."""
+        """The drafter graph behind the one drafting logic of builder/decode/drafter.py (its own cache, by prefix)."""
         kv = self.manifest["drafter"]["kv"]
         present_to_past = dict(zip(kv["present_outputs"], kv["past_inputs"]))
         outputs = ["choices", *kv["present_outputs"]]
