@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .bench.run import RUNTIMES
-from .data.tasks import TASKS
+from .data.tasks import ALL_TASKS, TASKS
 from .decode.drafter import DRAFTER_K_MAX
 from .decode.loop import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES
 from .errors import PromptError, UserError
@@ -38,8 +38,8 @@ def task_counts(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         task, _, n = part.partition("=")
-        if task.strip() not in TASKS or not n.strip().isdigit():
-            raise argparse.ArgumentTypeError(f"want TASK=N,.. with TASK one of {', '.join(TASKS)}, got {part!r}")
+        if task.strip() not in ALL_TASKS or not n.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"want TASK=N,.. with TASK one of {', '.join(ALL_TASKS)}, got {part!r}")
         out[task.strip()] = int(n)
     return out
 
@@ -59,7 +59,7 @@ def build_parser() -> Parser:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the user's text")
     src.add_argument("--prompts-file", type=Path, help='JSON lines: {"prompt": "...", "task": "..."}')
-    g.add_argument("--task", default="continue", choices=list(TASKS))
+    g.add_argument("--task", default="continue", choices=list(ALL_TASKS))
     g.add_argument("--head", default="models/mtp", help="MTP head directory (mode mtp)")
     g.add_argument("--drafter", default="models/drafter", help="independent drafter directory (mode drafter)")
     g.add_argument("--mode", default=DEFAULT_MODE, choices=list(MODES),
@@ -136,6 +136,11 @@ def build_parser() -> Parser:
                                                 "with the strongest induction head, measured on the base)")
     h.add_argument("--restart", action="store_true", help="discard a checkpoint in HEAD/checkpoint/ and start over")
     h.add_argument("--lr", type=float, help="peak learning rate (default 0.0015)")
+    h.add_argument("--draft-vocab", type=positive_int, help="a reduced draft vocabulary: the base's N most used "
+                                                            "tokens in the distilled data (default: its whole vocabulary)")
+    h.add_argument("--cache-features", action="store_true", help="run the base once per sequence and keep its hidden "
+                                                                 "states and read layer's keys/values in build/features/ "
+                                                                 "(a big base), not once per step")
     h.add_argument("--task-prompts", type=task_counts, help="prompts per task where they differ from "
                                                             "--prompts-per-task, e.g. summarize=4000,proofread=700")
     h.add_argument("--layers", type=positive_int, help="the head's decoder layers (default 1); with --init, more than the "
@@ -310,7 +315,7 @@ def cmd_train_head(args) -> None:
     options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
                "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets,
                "kv_layer": args.kv_layer, "lr": args.lr, "task_prompts": args.task_prompts, "init": args.init,
-               "layers": args.layers}
+               "layers": args.layers, "draft_vocab": args.draft_vocab, "cache_features": args.cache_features or None}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart)

@@ -502,4 +502,7 @@ def validation_prompts(corpus: Corpus, n_per_task: int, seed: int = 1,
         pairs = summary_pairs(corpus.validation_sections)
         pairs = rng.sample(pairs, min(n_per_task, len(pairs)))
         out += [{"prompt": passage, "task": "summarize", "expected": title} for passage, title in pairs]
+    if "reply" in tasks:  # a validation paragraph as the message to answer
+        out += [{"prompt": " ".join(p.split()[:80]), "task": "reply"}
+                for p in rng.sample(corpus.validation, min(n_per_task, len(corpus.validation)))]
     return [p for p in out if p["task"] in tasks]

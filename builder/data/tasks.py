@@ -14,6 +14,13 @@ text, after the model's beginning-of-sequence token when its config names one:
     proofread:  [bos]Correct the spelling mistakes in this sentence.\nSentence: {text}\nCorrected:
     summarize:  [bos]Summarize this passage in a short title.\nPassage: {text}\nTitle:
 
+A chat model (its checkpoint has a tokenizer_config.json with a `chat_template`, as SmolLM2-135M-Instruct)
+is asked in its own template, rendered once with the task's instruction and the user's text as the user's
+message; the rendered text before and after the user's text are the prefix and suffix. Chat models also
+offer `reply` (a short smart reply to a message); `continue` is free chat (the text is the message):
+
+    <|im_start|>system\n..<|im_end|>\n<|im_start|>user\n{instruction}{text}<|im_end|>\n<|im_start|>assistant\n
+
 A tokenizer of builder's own that lacks a task's markers (the first base had no summarize task) does
 not offer that task: `tok.tasks` holds the tasks a model can be asked for.
 
@@ -28,6 +35,7 @@ page does with String.prototype.toWellFormed.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +59,16 @@ TEXT_TASKS: dict[str, tuple[str, str]] = {
     "proofread": ("Correct the spelling mistakes in this sentence.\nSentence: ", "\nCorrected:"),
     "summarize": ("Summarize this passage in a short title.\nPassage: ", "\nTitle:"),
 }
+
+# task -> instruction before the user's text in the user's message: a chat model
+CHAT_TASKS: dict[str, str] = {
+    "continue": "",
+    "proofread": "Correct the spelling mistakes in this sentence. Answer with the corrected sentence only.\n",
+    "summarize": "Summarize this message in one sentence.\n",
+    "reply": "Write a short, friendly reply to this message.\n",
+}
+ALL_TASKS = tuple(dict.fromkeys([*TASKS, *CHAT_TASKS]))  # every task some model offers
+TEXT = "\x00TEXT\x00"  # stands for the user's text while a chat template is rendered
 
 
 @dataclass(frozen=True)
@@ -78,8 +96,43 @@ def load_tokenizer(directory: str | Path) -> TaskTokenizer:
     except Exception as e:  # tokenizers raises a bare Exception for malformed files
         raise CheckpointError(f"{path} is not a valid tokenizer.json: {e}") from None
     tok.encode_special_tokens = True  # "<|fix|>" typed by a user is text, not the marker
+    template = chat_template(Path(directory))
+    if template is not None:
+        return TaskTokenizer(tok, chat_formats(tok, template))
     bos = load_config(directory).get("bos_token_id") if (Path(directory) / "config.json").is_file() else None
     return TaskTokenizer(tok, prompt_formats(tok, bos[0] if isinstance(bos, list) else bos))
+
+
+def chat_template(directory: Path) -> str | None:
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("chat_template")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise CheckpointError(f"{path} is not a valid tokenizer_config.json: {e}") from None
+
+
+def chat_formats(tok: Tokenizer, template: str) -> dict[str, dict[str, list[int]]]:
+    """task -> {"prefix", "suffix"}: the chat template rendered around the user's text, in a sandbox as
+    transformers renders it; the template's own special tokens ("<|im_start|>") are recognised in it."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        render = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template).render
+    except Exception as e:
+        raise CheckpointError(f"the chat template does not parse: {e}") from None
+    encode = lambda text: tok.encode_batch([text], add_special_tokens=False)[0].ids  # noqa: E731
+    formats = {}
+    for task, instruction in CHAT_TASKS.items():
+        text = render(messages=[{"role": "user", "content": instruction + TEXT}], add_generation_prompt=True)
+        before, _, after = text.partition(TEXT)
+        tok.encode_special_tokens = False  # the template's markers are markers ..
+        try:
+            formats[task] = {"prefix": encode(before), "suffix": encode(after)}
+        finally:
+            tok.encode_special_tokens = True  # .. the user's text never holds one
+    return formats
 
 
 def prompt_formats(tok: Tokenizer, bos_id: int | None) -> dict[str, dict[str, list[int]]]:
@@ -112,10 +165,10 @@ def encode_text(tok: Tokenizer, text: str) -> list[int]:
 
 
 def encode_prompt(tok: Tokenizer, task: str, text: str) -> list[int]:
-    if task not in TASKS:
-        raise PromptError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if task not in ALL_TASKS:
+        raise PromptError(f"unknown task {task!r}: choose one of {', '.join(ALL_TASKS)}")
     if task not in tok.tasks:
-        raise PromptError(f"this model does not offer the task {task!r} (its tokenizer has no marker for it): "
+        raise PromptError(f"this model does not offer the task {task!r}: "
                           f"choose one of {', '.join(tok.tasks)}")
     if not text.strip():
         raise PromptError("the prompt is empty")

@@ -40,6 +40,8 @@ class HeadConfig:
     num_layers: int = 1           # the head's decoder layers (each reads the base's layer kv_layer)
     k_train: int = 6              # draft chain length trained for (the most k it is used with)
     base_fingerprint: str = ""    # base_fingerprint() of the base the head was trained for
+    draft_vocab: int = 0          # tokens the head can draft (0: the base's whole vocabulary); a reduced
+                                  # draft vocabulary (FR-Spec) scores only the rows `d2t` of the LM head
 
     @property
     def head_dim(self) -> int:
@@ -153,6 +155,18 @@ class MTPHead(nn.Module):
         self.fc = nn.Linear(2 * C, C, bias=False)
         self.layers = nn.ModuleList(HeadLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(C, cfg.rms_norm_eps)
+        if cfg.draft_vocab:  # draft index -> token id (EAGLE-3's d2t), the base's most emitted tokens
+            self.register_buffer("d2t", torch.arange(cfg.draft_vocab))
+
+    def draft_logits(self, base: Llama, hidden):
+        """Scores of the draft vocabulary: the base's LM head, or its rows draft_ids."""
+        if not self.config.draft_vocab:
+            return base.lm_head(hidden)
+        return torch.nn.functional.linear(hidden, base.lm_head.weight[self.d2t])
+
+    def token_ids(self, index):
+        """Token ids of draft-vocabulary indices (argmaxes of draft_logits)."""
+        return self.d2t[index] if self.config.draft_vocab else index
 
     def new_chains(self) -> list[list]:
         """Empty per-layer chains (each layer's keys/values of the drafts so far) for a fresh step."""
@@ -186,11 +200,11 @@ class MTPHead(nn.Module):
         tok, chains, logits = token, self.new_chains(), []
         for j in range(1, k + 1):
             hidden = self.step(hidden, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chains)
-            logits.append(base.lm_head(hidden))  # (1, 1, V)
-            tok = logits[-1].argmax(dim=-1)  # (1, 1): fed to the next step
+            logits.append(self.draft_logits(base, hidden))  # (1, 1, V)
+            tok = self.token_ids(logits[-1].argmax(dim=-1))  # (1, 1): fed to the next step
         # one argmax over all the chain's logits rather than a concatenation of its token ids:
         # onnxruntime-web's WebGPU EP has no int64 Concat, and on the CPU it would download every draft
-        return torch.cat(logits, dim=1).argmax(dim=-1)  # (1, k)
+        return self.token_ids(torch.cat(logits, dim=1).argmax(dim=-1))  # (1, k)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -269,6 +269,10 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file() and (Path(directory) / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{directory} holds a sharded checkpoint (model.safetensors.index.json): builder reads "
                               f"one model.safetensors; save it unsharded (save_pretrained(..., max_shard_size='100GB'))")
+    if not path.is_file() and (Path(directory) / "gguf.json").is_file():  # an imported base: its cache
+        from .gguf import materialize
+
+        materialize(Path(directory))
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:

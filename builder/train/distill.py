@@ -39,7 +39,7 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str,
     prefix = tok.tasks["continue"]["prefix"]
     for text in rng.sample(corpus.train, count("continue", corpus.train)):
         ids = encode_text(tok, text)
-        prompts.append(prefix + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))])
+        prompts.append(prefix + ids[: rng.randint(4, min(40, max(4, len(ids) - 8)))] + tok.tasks["continue"]["suffix"])
     # fresh typos (another seed than the base's training pairs): the base has not memorised these fixes
     pairs = proofread_pairs(corpus.train, seed + 1000)
     for typo, _ in rng.sample(pairs, count("proofread", pairs)):
@@ -48,6 +48,9 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str,
         passages = summary_pairs(corpus.train_sections)
         for passage, _ in rng.sample(passages, count("summarize", passages)):
             prompts.append(encode_prompt(tok, "summarize", passage))
+    if "reply" in tok.tasks:  # a paragraph as the message to answer
+        for text in rng.sample(corpus.train, count("reply", corpus.train)):
+            prompts.append(encode_prompt(tok, "reply", " ".join(text.split()[:80])))
     return prompts
 
 
@@ -98,21 +101,30 @@ def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_token
     return data
 
 
-def make_batches(data, batch: int, rng: random.Random):
+def make_batches(data, batch: int, rng: random.Random, feats: list | None = None):
     """Endless batches of similar length, right-padded (causal attention ignores the padding). The order
-    depends on the data's content only, not on the order it came in (distilled by one process or several)."""
-    data = sorted(data, key=lambda d: (len(d[1]), d[1], d[0]))
-    groups = [data[i:i + batch] for i in range(0, len(data), batch)]
+    depends on the data's content only, not on the order it came in (distilled by one process or several).
+    feats: per sequence of data, tensors (length, ..) to batch with it, zero-padded the same way."""
+    order = sorted(range(len(data)), key=lambda i: (len(data[i][1]), data[i][1], data[i][0]))
+    groups = [order[i:i + batch] for i in range(0, len(order), batch)]
     while True:
         rng.shuffle(groups)
         for g in groups:
-            N = max(len(s) for _, s in g)
+            N = max(len(data[i][1]) for i in g)
             seqs = torch.zeros(len(g), N, dtype=torch.long)
             valid = torch.zeros(len(g), N, dtype=torch.bool)
-            for i, (p, s) in enumerate(g):
-                seqs[i, : len(s)] = torch.tensor(s)
-                valid[i, p: len(s)] = True
-            yield seqs, valid
+            for r, i in enumerate(g):
+                p, s = data[i]
+                seqs[r, : len(s)] = torch.tensor(s)
+                valid[r, p: len(s)] = True
+            if feats is None:
+                yield seqs, valid
+                continue
+            padded = [torch.zeros(len(g), N, *t.shape[1:], dtype=t.dtype) for t in feats[g[0]]]
+            for r, i in enumerate(g):
+                for out, t in zip(padded, feats[i]):
+                    out[r, : len(t)] = t
+            yield seqs, valid, *padded
 
 
 def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, **source) -> dict:

