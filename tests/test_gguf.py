@@ -105,3 +105,78 @@ def test_the_imported_base_answers_in_its_own_words(smol):
     tok = load_tokenizer(SMOL)
     out = decode_ar(smol, encode_prompt(tok, "continue", "What is the capital of France?"), 16, smol.config.eos_token_id)
     assert "Paris" in decode(tok.tokenizer, out.ids) and out.stopped == "end-of-sequence"
+
+
+PROMPTS = [("proofread", "The functon returns a new dictionery with the same keys."),
+           ("summarize", "Hi all, the office will be closed on Monday for the public holiday. The support line stays "
+                         "open from 9 to 5, and urgent tickets go to the on-call engineer as usual. Have a good weekend!"),
+           ("reply", "Can you send me the slides from today's meeting?"),
+           ("continue", "Give me three tips for writing clear emails.")]
+
+
+@pytest.mark.slow
+def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol, tmp_path):
+    """A head for SmolLM2 (random weights, seeded) with a reduced draft vocabulary of 4,096 tokens (d2t),
+    exported with the base: MTP writes the base's own greedy tokens in PyTorch and on onnxruntime, every
+    draft one of the vocabulary's tokens."""
+    import torch
+
+    from builder.decode.loop import compare_to_reference, decode
+    from builder.decode.onnx_backend import OnnxBackend
+    from builder.decode.torch_backend import TorchBackend, decode_ar
+    from builder.export.manifest import Checkpoints, ensure_export
+    from builder.models.head import HeadConfig, MTPHead, base_fingerprint, init_random, save_head
+
+    tok = load_tokenizer(SMOL)
+    refs = {task: decode_ar(smol, encode_prompt(tok, task, text), 24, smol.config.eos_token_id) for task, text in PROMPTS}
+    head = MTPHead(HeadConfig.for_base(smol.config, kv_layer=18, k_train=4, draft_vocab=4096,
+                                       base_fingerprint=base_fingerprint(smol)))
+    init_random(head, 0)
+    used = sorted({t for r in refs.values() for t in r.ids})  # tokens the drafts can hit, and others
+    rest = [t for t in range(smol.config.vocab_size) if t not in set(used)][: 4096 - len(used)]
+    head.d2t.copy_(torch.tensor(sorted(used + rest)))
+    save_head(head, tmp_path / "head")
+    onnx_dir = tmp_path / "onnx"
+    ensure_export(Checkpoints(SMOL, tmp_path / "head"), onnx_dir, ("fp32",))
+    backends = {"torch": TorchBackend(smol, head=head.eval()), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32")}
+    for task, text in PROMPTS:
+        ids = encode_prompt(tok, task, text)
+        for name, backend in backends.items():
+            out = decode(backend, ids, 24, smol.config.eos_token_id, 4)
+            verdict, where = compare_to_reference(refs[task], out.ids)
+            assert verdict != "mismatch", (name, task, where, refs[task].ids, out.ids)
+            assert len(out.accepted) == out.steps
+
+PAGE_TOKENIZER = """
+import { readFileSync } from 'node:fs';
+const [,, tokPath, fixture, tasks, lib] = process.argv;
+const { Tokenizer } = await import(lib);
+const { unicodeDigits } = await import(tasks);
+const json = JSON.parse(readFileSync(tokPath, 'utf8'));
+const rows = JSON.parse(readFileSync(fixture, 'utf8')).strings;
+const out = {};
+for (const [name, t] of [['as_is', { ...json, added_tokens: [] }], ['page', unicodeDigits({ ...json, added_tokens: [] })]]) {
+  const tok = new Tokenizer(t, {});
+  out[name] = rows.map((r) => tok.encode(r.text.toWellFormed(), { add_special_tokens: false }).ids);
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_the_pages_tokenizer_gives_llama_cpps_ids_on_numbers_of_every_script(tmp_path):
+    """tokenizers.js (the page's) as the page builds it (tasks.mjs unicodeDigits) on the 1,164 strings:
+    the ids of llama.cpp. As the file says (Digits), tokenizers.js would split only ASCII digits."""
+    import subprocess
+
+    script = tmp_path / "tok.mjs"
+    script.write_text(PAGE_TOKENIZER)
+    lib = ROOT / "web" / "node_modules" / "@huggingface" / "tokenizers" / "dist" / "tokenizers.min.mjs"
+    fixture = ROOT / "tests" / "reference" / "smollm2_tokenizer.json"
+    run = subprocess.run(["node", str(script), str(SMOL / "tokenizer.json"), str(fixture),
+                          (ROOT / "web" / "src" / "tasks.mjs").as_uri(), lib.as_uri()],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    want = [r["ids"] for r in json.loads(fixture.read_text())["strings"]]
+    assert got["page"] == want
+    assert sum(a != b for a, b in zip(got["as_is"], want)) > 100  # the rewrite is what makes them equal

@@ -184,6 +184,44 @@ def test_a_second_stage_goes_on_from_a_trained_head(corpus, tmp_path):
         train_head(other.eval(), tok, small, HeadTrainConfig(steps=1, init=str(tmp_path / "first"), **cfg))
 
 
+def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
+    """--cache-features trains as the base run at every step does (its features kept in fp16: the same
+    loss to fp16's precision), from parts a second run reads back; --draft-vocab N drafts only the base's
+    N most used tokens, and MTP with such a head still writes the base's own tokens."""
+    import builder.train.head as th
+
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    cfg = HeadTrainConfig(prompts_per_task=8, new_tokens=8, steps=6, batch_size=4, k=3, draft_vocab=64)
+    live, live_log = train_head(tiny, tok, small, cfg)
+    cached, cached_log = train_head(tiny, tok, small, HeadTrainConfig(**{**cfg.__dict__, "cache_features": True}))
+    assert cached_log["final_loss"] == pytest.approx(live_log["final_loss"], rel=1e-2)
+    assert torch.equal(live.d2t, cached.d2t) and len(cached.d2t) == 64 and len(set(cached.d2t.tolist())) == 64
+    parts = list(th.FEATURES.glob("*/*.pt"))
+    assert parts, "the features are kept in parts"
+    again, _ = train_head(tiny, tok, small, HeadTrainConfig(**{**cfg.__dict__, "cache_features": True}))
+    for name, t in cached.state_dict().items():
+        assert torch.equal(t, again.state_dict()[name]), f"{name}: a run from the kept features differs"
+    # the draft vocabulary: the most used tokens of the distilled data
+    data = th.distilled(tiny, base_fingerprint(tiny), th.training_prompts(tok, small, 8, 0), 8)
+    counts = torch.bincount(torch.tensor([t for _, s in data for t in s]), minlength=tiny.config.vocab_size)
+    assert counts[cached.d2t].min() >= counts[[i for i in range(len(counts)) if i not in set(cached.d2t.tolist())]].max()
+    eos = tiny.config.eos_token_id
+    for p in validation_prompts_of(small, tok)[:4]:
+        ref = decode(TorchBackend(tiny), p, 12, eos)
+        out = decode(TorchBackend(tiny, head=cached.eval()), p, 12, eos, 3)
+        assert compare_to_reference(ref, out.ids)[0] != "mismatch"
+        with torch.no_grad():
+            drafted = cached.draft_ids(tiny, torch.randn(1, 1, 32), torch.tensor([[p[-1]]]),
+                                       *[torch.randn(1, 5, 2, 8) for _ in range(2)], 3)
+        assert set(drafted[0].tolist()) <= set(cached.d2t.tolist())
+
+
+def validation_prompts_of(corpus, tok):
+    from builder.data.corpus import validation_prompts
+
+    return [encode_prompt(tok, p["task"], p["prompt"]) for p in validation_prompts(corpus, 4, tasks=tuple(tok.tasks))]
+
+
 def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch, caplog):
     """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
     uninterrupted run. A run with other settings is refused, naming the checkpoint (loop.py's policy)."""

@@ -11,7 +11,7 @@ import { Tokenizer } from './vendor/tokenizers/tokenizers.min.mjs';
 import { DeviceLostError, PageError } from './errors.mjs';
 import { fetchBytes, fetchModelFile, fetchRuntime, pruneCache } from './files.mjs';
 import { gpuCounter, ort, runtimeFile, startRuntime } from './runtime.mjs';
-import { TaskTokenizer } from './tasks.mjs';
+import { TaskTokenizer, unicodeDigits } from './tasks.mjs';
 
 const FORMAT = 'frozen-mtp-onnx/2';
 
@@ -37,7 +37,7 @@ export async function loadModels(modelsUrl, { backend, precision, threads = 1, o
     await fetchModelFile(new URL(manifest.tokenizer, modelsUrl), manifest.files[manifest.tokenizer])));
   pruneCache(modelsUrl, manifest);  // in the background
   // special tokens are encoded by id, never parsed out of the user's text: the JS tokenizer gets no added tokens
-  const tokenizer = new TaskTokenizer(new Tokenizer({ ...json, added_tokens: [] }, {}), manifest);
+  const tokenizer = new TaskTokenizer(new Tokenizer(unicodeDigits({ ...json, added_tokens: [] }), {}), manifest);
   ort.env.wasm.wasmBinary ??= await fetchRuntime(runtimeFile(), onProgress);  // read when the runtime starts
   const built = Object.keys(manifest.precisions);
   const sessions = new Sessions(manifest, modelsUrl, backend, built.includes(precision) ? precision : built[0],

@@ -36,3 +36,19 @@ export class TaskTokenizer {
     return text.length ? this.tokenizer.decode(text) : '';  // tokenizers.js refuses an empty list
   }
 }
+
+/**
+ * tokenizer.json with each `Digits` pre-tokenizer written as the Split it stands for. The Rust tokenizers
+ * (Python, llama.cpp's "smollm" pre-tokenizer) split off every Unicode number character (char::is_numeric:
+ * "١٢٣", "½", "²"); tokenizers.js's Digits splits only ASCII 0-9, so SmolLM2's ids would differ on them.
+ */
+export function unicodeDigits(json) {
+  const rewrite = (pre) => {
+    if (!pre) return pre;
+    if (pre.type === 'Sequence') return { ...pre, pretokenizers: pre.pretokenizers.map(rewrite) };
+    if (pre.type !== 'Digits') return pre;
+    return { type: 'Split', pattern: { Regex: pre.individual_digits ? '\\p{N}' : '\\p{N}+' },
+      behavior: 'Isolated', invert: false };
+  };
+  return { ...json, pre_tokenizer: rewrite(json.pre_tokenizer) };
+}
