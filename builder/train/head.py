@@ -354,7 +354,12 @@ def stage_command(log: dict) -> str:
     t, d = log["train_config"], asdict(HeadTrainConfig())
     flags = {"seed": "--seed", "steps": "--steps", "prompts_per_task": "--prompts-per-task", "batch_size": "--batch-size",
              "lr": "--lr", "targets": "--targets", "kv_layer": "--kv-layer", "init": "--init", "layers": "--layers"}
+    flags["draft_vocab"] = "--draft-vocab"
     parts = [f"{flag} {t[key]}" for key, flag in flags.items() if t.get(key, d[key]) != d[key]]
+    if t.get("cache_features"):
+        parts.append("--cache-features")
+    if log.get("base") not in (None, "models/base"):
+        parts.insert(0, f"--base {log['base']}")
     if t.get("task_prompts"):
         parts.append("--task-prompts " + ",".join(f"{k}={v}" for k, v in t["task_prompts"].items()))
     if log.get("data") not in (None, "built-in corpus"):
@@ -417,7 +422,7 @@ with the command{"s" if len(stages) > 1 else ""} under Training (seeded).
 One draft step: `fc([norm(embed(token)); norm(hidden)])`, then {"one decoder layer" if hc.num_layers == 1 else f"{hc.num_layers} decoder layers"}, {"its" if hc.num_layers == 1 else "each with"}
 attention taking its queries from the head and its keys/values from the base's layer-{hc.kv_layer} KV cache
 (positions up to the anchor) plus {"its" if hc.num_layers == 1 else "the layer's"} own keys of the current chain, and a SwiGLU MLP ({hc.intermediate_size} wide),
-then a final RMSNorm; the draft is the argmax of the base's own LM head. The output hidden state feeds the next
+then a final RMSNorm; the draft is the argmax of the base's own LM head{f" over its rows of a {hc.draft_vocab:,}-token draft vocabulary (the base's most used tokens in the distilled data; `d2t` in the weights)" if hc.draft_vocab else ""}. The output hidden state feeds the next
 draft, so each draft is conditioned on the previous one. The head reuses the base's embedding and LM
 head and keeps no cache over the prompt: no prefill.
 
