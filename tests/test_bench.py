@@ -10,7 +10,7 @@ from tests.conftest import BASE_DIR, run
 def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     out = tmp_path / "bench" / "bench.json"
     r = run("bench", "--json", str(out), "--runtimes", "torch,onnx-cpu", "--prompts", "2", "--new-tokens", "12",
-            "--ks", "1,3", "--repeats", "2", "--onnx-dir", str(tmp_path / "onnx"))
+            "--ks", "1,3", "--repeats", "2", "--onnx-dir", str(tmp_path / "onnx"), timeout=900)
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     keys = {"runtime", "task", "mode", "k", "prompts", "new_tokens", "tokens_per_s", "tau", "accept_by_position"}

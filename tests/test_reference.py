@@ -19,7 +19,9 @@ def test_the_parity_file_holds_the_torch_reference_of_the_shipped_base(base, tok
         out = decode_ar(base, entry["prompt_ids"], len(entry["ids"]) if entry["stopped"] != "end-of-sequence" else TOKENS,
                         base.config.eos_token_id)
         assert out.ids == entry["ids"], f"{p['task']} {p['prompt'][:40]!r}: the base no longer decodes the file's ids"
-        np.testing.assert_allclose(out.margins, entry["margins"], atol=1e-5)
+        # margins to 1e-4 (a few ulps of logits near 10: the matmul kernels may differ by alignment); the
+        # near-tie rule reads them at 1e-3
+        np.testing.assert_allclose(out.margins, entry["margins"], atol=1e-4)
 
 
 def test_reference_serves_any_length_up_to_the_files(reference, tokenizer, validation_prompts):
