@@ -17,7 +17,6 @@ control tokens as special added tokens. Checked against llama.cpp's own tokenize
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -27,20 +26,13 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
+from ..export.manifest import sha256_file as sha256
 
 logger = logging.getLogger(__name__)
 
 SOURCE = "gguf.json"
 # the pre-tokenizers of tokenizer.ggml.pre that builder knows: name -> tokenizers pre-tokenizer
 PRE_TOKENIZERS = {"smollm": [{"type": "Digits", "individual_digits": True}]}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def find_gguf(source: dict) -> Path:
