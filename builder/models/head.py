@@ -159,7 +159,7 @@ class MTPHead(nn.Module):
             self.register_buffer("d2t", torch.arange(cfg.draft_vocab))
 
     def draft_logits(self, base: Llama, hidden):
-        """Scores of the draft vocabulary: the base's LM head, or its rows draft_ids."""
+        """Scores of the draft vocabulary: the base's LM head, or its rows d2t."""
         if not self.config.draft_vocab:
             return base.lm_head(hidden)
         return torch.nn.functional.linear(hidden, base.lm_head.weight[self.d2t])

@@ -90,17 +90,12 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
             base_k, base_v = cache[head.config.kv_layer]
         else:
             hidden, base_k, base_v = (t.float() for t in feats)
-        if head.config.draft_vocab or feats is not None:
-            base_logits = head.draft_logits(base, hidden) if targets == "distribution" else None
-            in_vocab = torch.zeros(base.config.vocab_size, dtype=torch.bool, device=seqs.device)
-            in_vocab[head.d2t if head.config.draft_vocab else slice(None)] = True
-            index = torch.zeros(base.config.vocab_size, dtype=torch.long, device=seqs.device)
-            if head.config.draft_vocab:
-                index[head.d2t] = torch.arange(head.config.draft_vocab, device=seqs.device)
-            else:
-                index = torch.arange(base.config.vocab_size, device=seqs.device)
-        else:
-            in_vocab, index = None, None
+        if targets == "distribution" and (head.config.draft_vocab or feats is not None):
+            base_logits = head.draft_logits(base, hidden)  # over what the head can draft
+        index = None
+        if head.config.draft_vocab:  # token id -> draft index, -1 where the head cannot draft it
+            index = torch.full((base.config.vocab_size,), -1, dtype=torch.long, device=seqs.device)
+            index[head.d2t] = torch.arange(head.config.draft_vocab, device=seqs.device)
     # anchors before a0 draft no target (their whole chain lies in the prompt): a long prompt (summarize)
     # would otherwise spend most of the step on them
     a0 = max(0, int(valid.any(0).nonzero()[0]) - k - 1) if valid.any() else 0
@@ -113,8 +108,8 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
         h = head.step(h, embed(pad(seqs, j)), anchors + j, base_k, base_v, mask, chains)
         logits = head.draft_logits(base, h)  # (B, N - a0, V)
         target, ok = pad(seqs, j + 1), pad(valid, j + 1)
-        if in_vocab is not None and targets != "distribution":  # a token the head cannot draft teaches nothing
-            ok = ok & in_vocab[target]
+        if index is not None and targets != "distribution":  # a token the head cannot draft teaches nothing
+            ok = ok & (index[target] >= 0)
         count = counts[j - 1] if counts else int(ok.sum())
         if not ok.any():
             loss = logits.sum() * 0
