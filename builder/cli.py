@@ -138,9 +138,9 @@ def build_parser() -> Parser:
     h.add_argument("--lr", type=float, help="peak learning rate (default 0.0015)")
     h.add_argument("--draft-vocab", type=positive_int, help="a reduced draft vocabulary: the base's N most used "
                                                             "tokens in the distilled data (default: its whole vocabulary)")
-    h.add_argument("--cache-features", action="store_true", help="run the base once per sequence and keep its hidden "
-                                                                 "states and read layer's keys/values in build/features/ "
-                                                                 "(a big base), not once per step")
+    h.add_argument("--cache-features", action="store_true", help="keep the base's hidden states and read layer's "
+                                                                 "keys/values from its distillation (build/distill/), not "
+                                                                 "run it at every step (a big base)")
     h.add_argument("--task-prompts", type=task_counts, help="prompts per task where they differ from "
                                                             "--prompts-per-task, e.g. summarize=4000,proofread=700")
     h.add_argument("--layers", type=positive_int, help="the head's decoder layers (default 1); with --init, more than the "

@@ -55,10 +55,8 @@ def check_steps(accepted: list[int], n_ids: int, stopped: str):
 def distill_cache(tmp_path_factory):
     """Head and drafter training in tests keep the base's continuations in a temporary folder, not build/."""
     import builder.train.distill
-    import builder.train.head
 
     builder.train.distill.DISTILL_CACHE = tmp_path_factory.mktemp("distill")
-    builder.train.head.FEATURES = tmp_path_factory.mktemp("features")
 
 
 @pytest.fixture(scope="session")

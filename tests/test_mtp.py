@@ -196,8 +196,9 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
     cached, cached_log = train_head(tiny, tok, small, HeadTrainConfig(**{**cfg.__dict__, "cache_features": True}))
     assert cached_log["final_loss"] == pytest.approx(live_log["final_loss"], rel=1e-2)
     assert torch.equal(live.d2t, cached.d2t) and len(cached.d2t) == 64 and len(set(cached.d2t.tolist())) == 64
-    parts = list(th.FEATURES.glob("*/*.pt"))
-    assert parts, "the features are kept in parts"
+    import builder.train.distill as td
+
+    assert list(td.DISTILL_CACHE.glob("*/*.pt")), "the data and features are kept in parts"
     again, _ = train_head(tiny, tok, small, HeadTrainConfig(**{**cfg.__dict__, "cache_features": True}))
     for name, t in cached.state_dict().items():
         assert torch.equal(t, again.state_dict()[name]), f"{name}: a run from the kept features differs"
@@ -214,6 +215,28 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
             drafted = cached.draft_ids(tiny, torch.randn(1, 1, 32), torch.tensor([[p[-1]]]),
                                        *[torch.randn(1, 5, 2, 8) for _ in range(2)], 3)
         assert set(drafted[0].tolist()) <= set(cached.d2t.tolist())
+
+
+def test_batched_distillation_is_each_prompts_own_greedy_decoding(base, tokenizer, validation_prompts):
+    """Prompts of different lengths share a left-padded batch: each row's continuation is the base's own
+    plain greedy decoding of its prompt (CONTRACT.md's rule), and the features kept with it are those of
+    the base run on the sequence alone (hidden states, the read layer's keys at the sequence's own
+    positions, values), to fp16's precision."""
+    from builder.decode.torch_backend import decode_ar
+    from builder.train.distill import greedy_continuations
+
+    prompts = [encode_prompt(tokenizer, p["task"], p["prompt"]) for p in validation_prompts[:6]]
+    assert len({len(p) for p in prompts}) > 2, "prompts of different lengths"
+    eos = base.config.eos_token_id
+    data, feats = greedy_continuations(base, prompts, 20, eos, batch=6, kv_layer=3)
+    for p, (n, seq), (hidden, keys, values) in zip(prompts, data, feats):
+        assert n == len(p) and seq[:n] == p
+        assert compare_to_reference(decode_ar(base, p, 20, eos), seq[n:])[0] != "mismatch"
+        with torch.no_grad():
+            _, h, cache = base(torch.tensor([seq]))
+        assert hidden.shape[0] == keys.shape[0] == len(seq)
+        for got, want in ((hidden, h[0]), (keys, cache[3][0][0]), (values, cache[3][1][0])):
+            torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1e-2)
 
 
 def validation_prompts_of(corpus, tok):

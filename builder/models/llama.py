@@ -107,11 +107,12 @@ def apply_rope(x, cos, sin):
     return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
 
-def attend(q, k, v, past_len: int):
+def attend(q, k, v, past_len: int, key_bias=None):
     """Causal attention of T new queries at positions past_len.. over S = past_len + T keys.
 
     q: (B, T, Hq, D); k, v: (B, S, Hkv, D) -> (B, T, Hq, D). Grouped-query: each key/value head serves
-    Hq / Hkv query heads.
+    Hq / Hkv query heads. key_bias (B, S): added to every query's score of a key (-1e9: a left padding
+    that no real query sees; never exported).
     """
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
@@ -126,6 +127,8 @@ def attend(q, k, v, past_len: int):
     # tensor: onnxruntime runs a broadcast Add several times faster than the Where of masked_fill, which
     # was a sixth of a long prompt's prefill.
     mask = torch.zeros(T, S, dtype=q.dtype, device=q.device).masked_fill(future, float("-inf"))
+    if key_bias is not None:
+        mask = mask + key_bias[:, None, None, None, :].to(q.dtype)
     # Written out rather than F.scaled_dot_product_attention: its export guards the softmax with IsNaN,
     # which onnxruntime-web runs on the CPU, downloading every layer's attention weights each step.
     att = ((q @ k.transpose(-2, -1)) * D ** -0.5).view(B, Hkv, g, T, S) + mask
@@ -154,7 +157,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, past: KV | None):
+    def forward(self, x, cos, sin, past: KV | None, key_bias=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
@@ -165,10 +168,10 @@ class Attention(nn.Module):
             past_len = past[0].shape[1]
             k = torch.cat((past[0], k), dim=1)  # (B, S, n_kv, D)
             v = torch.cat((past[1], v), dim=1)
-        if self.training and past is None:  # training only: PyTorch's fused kernel, a quarter faster on CPU
+        if self.training and past is None and key_bias is None:  # training only: PyTorch's fused kernel, a quarter faster on CPU
             y = causal_sdpa(q, k, v)
         else:  # decoding and export
-            y = attend(q, k, v, past_len)  # (B, T, Hq, D)
+            y = attend(q, k, v, past_len, key_bias)  # (B, T, Hq, D)
         return self.o_proj(y.reshape(B, T, -1)), (k, v)
 
 
@@ -191,8 +194,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, past: KV | None):
-        a, present = self.self_attn(self.input_layernorm(x), cos, sin, past)
+    def forward(self, x, cos, sin, past: KV | None, key_bias=None):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, past, key_bias)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, present
@@ -224,8 +227,8 @@ class Llama(nn.Module):
                 with torch.no_grad():
                     p.copy_(torch.randn(p.shape, generator=g) * std)
 
-    def forward(self, input_ids: torch.Tensor, past: list[KV] | None = None):
-        """input_ids (B, T) at positions past_len..past_len+T-1.
+    def forward(self, input_ids: torch.Tensor, past: list[KV] | None = None, key_bias=None):
+        """input_ids (B, T) at positions past_len..past_len+T-1 (key_bias (B, past_len + T): see attend).
 
         Returns logits (B, T, V), hidden (B, T, C) - the final normed hidden states the LM head reads -
         and the present cache: per layer (key, value), each (B, past_len + T, n_kv_heads, head_dim).
@@ -237,7 +240,7 @@ class Llama(nn.Module):
                                                          self.config.head_dim, self.config.rope_theta))
         present = []
         for i, layer in enumerate(self.model.layers):
-            x, kv = layer(x, cos, sin, past[i] if past else None)
+            x, kv = layer(x, cos, sin, past[i] if past else None, key_bias)
             present.append(kv)
         hidden = self.model.norm(x)  # (B, T, C)
         return self.lm_head(hidden), hidden, present

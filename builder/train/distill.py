@@ -1,8 +1,9 @@
 """What the head and the drafter learn from and are measured by.
 
 Self-distillation data: prompts of every task from the training split (`training_prompts`); the frozen
-base writes its own greedy continuation of each (`greedy_continuations`, batched by prompt length, so no
-padding is needed), kept in build/distill/ by (base, prompts, length) (`distilled`): the head and the
+base writes its own greedy continuation of each (`greedy_continuations`, in left-padded batches of similar
+prompt length, and with the features the head reads when asked), kept in build/distill/ by (base,
+prompts, length) (`distilled`): the head and the
 drafter distil the same data, and on this CPU that is a quarter of each one's time. `make_batches`
 serves it as padded batches in an order that depends on the content alone.
 
@@ -25,7 +26,7 @@ from ..data.corpus import Corpus, proofread_pairs, summary_pairs
 from ..data.tasks import encode_prompt, encode_text
 from ..decode.loop import acceptance, compare_to_reference, decode
 from ..decode.torch_backend import TorchBackend, decode_ar
-from ..models.llama import Llama
+from ..models.llama import Llama, apply_rope, rope_cos_sin
 
 logger = logging.getLogger(__name__)
 
@@ -55,50 +56,88 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str,
 
 
 @torch.no_grad()
-def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int, eos: int, batch: int = 64):
-    """The base's greedy continuation of every prompt, as (prompt_len, full sequence) pairs."""
-    by_len = defaultdict(list)
-    for p in prompts:
-        by_len[len(p)].append(p)
-    out = []
-    groups = [g[i:i + batch] for g in by_len.values() for i in range(0, len(g), batch)]
+def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int, eos: int, batch: int = 32,
+                         kv_layer: int | None = None):
+    """The base's greedy continuation of every prompt, as (prompt_len, full sequence) pairs in prompt order.
+
+    Prompts of similar length share a batch, left-padded: the padding's keys carry a -1e9 bias (exp gives
+    them exactly 0) and positions count from the padding (rotary attention depends on distances only),
+    so each row is its prompt's own decoding up to float rounding. With kv_layer, also per sequence the
+    base's features there (fp16): final hidden states and layer kv_layer's keys (rotated back to the
+    sequence's own positions) and values, what the head reads; one more step feeds the last token."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out, feats = [None] * len(prompts), [None] * len(prompts)
     device = next(base.parameters()).device
-    for group in tqdm(groups, desc="self-distillation data", unit="batch"):
-        ids = torch.tensor(group, device=device)
-        room = min(new_tokens, base.config.max_position_embeddings - ids.shape[1])
-        logits, _, cache = base(ids)
-        seqs = [ids]
-        for _ in range(room):
+    for b in tqdm(range(0, len(order), batch), desc="self-distillation data", unit="batch"):
+        rows = order[b:b + batch]
+        L = len(prompts[rows[-1]])
+        pads = [L - len(prompts[i]) for i in rows]
+        ids = torch.tensor([[0] * p + prompts[i] for p, i in zip(pads, rows)], device=device)
+        # as many steps as the shortest prompt has room for; each row keeps what its own prompt has room for
+        # (a row's own positions stay within the context window, whatever the padding before them)
+        own = [max(0, min(new_tokens, base.config.max_position_embeddings - len(prompts[i]))) for i in rows]
+        room = max(own)
+        bias = torch.zeros(len(rows), L + room + 1, device=device)
+        for r, p in enumerate(pads):
+            bias[r, :p] = -1e9
+        logits, hidden, cache = base(ids, key_bias=bias[:, :L])
+        seqs, hiddens, done = [ids], [hidden], torch.zeros(len(rows), dtype=torch.bool, device=device)
+        for step in range(room):
             nxt = logits[:, -1].argmax(-1, keepdim=True)
             seqs.append(nxt)
-            if eos is not None and bool((torch.cat(seqs[1:], 1) == eos).any(1).all()):
+            done |= nxt[:, 0] == eos
+            finished = bool(done.all()) or step == room - 1
+            if finished and kv_layer is None:
                 break
-            logits, _, cache = base(nxt, cache)
-        full = torch.cat(seqs, 1).tolist()
-        for seq in full:
-            new = seq[len(group[0]):]
+            logits, hidden, cache = base(nxt, cache, key_bias=bias[:, :L + step + 1])
+            hiddens.append(hidden)
+            if finished:
+                break
+        full = torch.cat(seqs, 1)
+        for r, (i, p) in enumerate(zip(rows, pads)):
+            new = full[r, L:L + own[r]].tolist()
             if eos in new:
                 new = new[: new.index(eos) + 1]
-            out.append((len(group[0]), seq[: len(group[0])] + new))
-    return out
+            out[i] = (len(prompts[i]), prompts[i] + new)
+        if kv_layer is None:
+            continue
+        hidden, (keys, values) = torch.cat(hiddens, 1), cache[kv_layer]
+        for r, (i, p) in enumerate(zip(rows, pads)):
+            n = len(out[i][1])
+            cos, sin = rope_cos_sin(torch.tensor([-p], device=device), base.config.head_dim, base.config.rope_theta)
+            k = apply_rope(keys[r:r + 1, p:p + n], cos, sin)[0]
+            feats[i] = tuple(t.to("cpu", torch.float16).clone() for t in (hidden[r, p:p + n], k, values[r, p:p + n]))
+    return out if kv_layer is None else (out, feats)
 
 
 DISTILL_CACHE = Path(__file__).resolve().parents[2] / "build" / "distill"
 
 
-def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_tokens: int):
-    """greedy_continuations, kept in build/distill/ by (base, prompts, length): train-head and
-    train-drafter distil the same data, and on this CPU that is a quarter of each one's time."""
-    key = hashlib.sha256(json.dumps([fingerprint, prompts, new_tokens]).encode()).hexdigest()[:20]
-    path = DISTILL_CACHE / f"{key}.pt"
-    if path.is_file():
-        logger.info("reusing the base's continuations from %s", path)
-        return torch.load(path, weights_only=True)
-    data = greedy_continuations(base, prompts, new_tokens, base.config.eos_token_id)
-    DISTILL_CACHE.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-    return data
+def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_tokens: int, kv_layer: int | None = None,
+              part: int = 512):
+    """greedy_continuations, kept in build/distill/ by (base, prompts, length, kv_layer) in parts of `part`
+    prompts, so a stopped run goes on where it was: train-head and train-drafter distil the same data.
+    With kv_layer returns (data, features), as greedy_continuations does."""
+    key = hashlib.sha256(json.dumps([fingerprint, prompts, new_tokens, kv_layer]).encode()).hexdigest()[:20]
+    where = DISTILL_CACHE / key
+    where.mkdir(parents=True, exist_ok=True)
+    data, feats = [], []
+    for start in range(0, len(prompts), part):
+        path = where / f"{start:07d}.pt"
+        if path.is_file():
+            got = torch.load(path, weights_only=True)
+        else:
+            got = greedy_continuations(base, prompts[start:start + part], new_tokens, base.config.eos_token_id,
+                                       kv_layer=kv_layer)
+            torch.save(got, path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").replace(path)
+        if kv_layer is None:
+            data += got
+        else:
+            data += got[0]
+            feats += got[1]
+    logger.info("the base's continuations of %d prompts: %s", len(prompts), where)
+    return data if kv_layer is None else (data, feats)
 
 
 def make_batches(data, batch: int, rng: random.Random, feats: list | None = None):

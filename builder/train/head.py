@@ -37,7 +37,7 @@ from ..data.tasks import TASKS, load_tokenizer
 from ..errors import CheckpointError
 from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from ..models.llama import Llama, load_llama
-from .distill import DISTILL_CACHE, distilled, greedy_continuations, make_batches, measure_acceptance, training_prompts
+from .distill import distilled, greedy_continuations, make_batches, measure_acceptance, training_prompts
 from .loop import RunState, Run, Schedule, sequential, train
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ class HeadTrainConfig:
                                   # layers that start as the identity (mtp.grow)
     draft_vocab: int = 0          # a reduced draft vocabulary: the base's N most used tokens in the
                                   # distilled data (0: its whole vocabulary)
-    cache_features: bool = False  # run the base once per sequence and keep its hidden states and the read
-                                  # layer's keys/values (build/features/), instead of once per step: a big base
+    cache_features: bool = False  # keep the base's hidden states and the read layer's keys/values from its
+                                  # distillation (build/distill/), instead of running it at every step: a big base
 
 
 def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
@@ -79,7 +79,7 @@ def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tens
     seqs (B, N) token ids; valid (B, N) True where the token is one the base wrote (a target).
     targets "greedy": cross-entropy with the base's token; "distribution": with the base's whole
     next-token distribution there (soft targets, as the drafter learns).
-    feats: the base's (hidden, keys, values) of these sequences (base_features), else the base runs here.
+    feats: the base's (hidden, keys, values) of these sequences (distill.greedy_continuations), else the base runs here.
     With a reduced draft vocabulary the soft targets are the base's distribution over it, renormalised.
     Returns the loss and, per draft position, (correct, counted) for accuracy.
     """
@@ -145,44 +145,6 @@ def draft_vocabulary(data, n: int) -> torch.Tensor:
     return counts.topk(min(n, len(counts))).indices.sort().values
 
 
-FEATURES = DISTILL_CACHE.parent / "features"
-
-
-@torch.no_grad()
-def base_features(base: Llama, data, kv_layer: int, fingerprint: str, batch: int = 8, part: int = 256) -> list:
-    """Per distilled sequence, the frozen base's final hidden states and its layer-kv_layer keys and values
-    (fp16): what the head reads, computed once instead of at every step. Kept in build/features/ in parts
-    of `part` sequences, so a stopped run goes on where it was."""
-    key = hashlib.sha256(json.dumps([fingerprint, kv_layer, data]).encode()).hexdigest()[:20]
-    where = FEATURES / key
-    where.mkdir(parents=True, exist_ok=True)
-    device = next(base.parameters()).device
-    out = []
-    for start in tqdm(range(0, len(data), part), desc="base features", unit="part"):
-        path = where / f"{start:07d}.pt"
-        if path.is_file():
-            out += torch.load(path, weights_only=True)
-            continue
-        chunk = data[start:start + part]
-        items = [None] * len(chunk)
-        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i][1]))
-        for b in range(0, len(order), batch):  # right-padded: causal attention never reads the padding
-            rows = order[b:b + batch]
-            N = max(len(chunk[i][1]) for i in rows)
-            ids = torch.zeros(len(rows), N, dtype=torch.long)
-            for r, i in enumerate(rows):
-                ids[r, : len(chunk[i][1])] = torch.tensor(chunk[i][1])
-            _, hidden, cache = base(ids.to(device))
-            keys, values = cache[kv_layer]
-            for r, i in enumerate(rows):
-                n = len(chunk[i][1])
-                items[i] = tuple(t[r, :n].to("cpu", torch.float16).clone() for t in (hidden, keys, values))
-        torch.save(items, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
-        out += items
-    return out
-
-
 def processes() -> tuple[int, int]:
     """(rank, world size): (0, 1) alone, else what torchrun set up (see join_processes)."""
     import torch.distributed as dist
@@ -207,14 +169,18 @@ def join_processes(device: str) -> str:
     return device
 
 
-def distil_together(base: Llama, prompts: list[list[int]], new_tokens: int) -> list:
-    """Under torchrun: each process distils every world-th prompt, and every process gets all of it."""
+def distil_together(base: Llama, prompts: list[list[int]], new_tokens: int, kv_layer: int | None = None):
+    """Under torchrun: each process distils every world-th prompt, and every process gets all of it
+    (with kv_layer, and the features: as greedy_continuations)."""
     import torch.distributed as dist
 
     rank, world = processes()
     parts = [None] * world
-    dist.all_gather_object(parts, greedy_continuations(base, prompts[rank::world], new_tokens, base.config.eos_token_id))
-    return [d for part in parts for d in part]
+    dist.all_gather_object(parts, greedy_continuations(base, prompts[rank::world], new_tokens, base.config.eos_token_id,
+                                                       kv_layer=kv_layer))
+    if kv_layer is None:
+        return [d for part in parts for d in part]
+    return [d for part in parts for d in part[0]], [f for part in parts for f in part[1]]
 
 
 def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg: HeadConfig | None = None,
@@ -235,11 +201,6 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     kv_layer = cfg.kv_layer if cfg.kv_layer is not None else max(range(len(scores)), key=scores.__getitem__)
     if not 0 <= kv_layer < len(scores):
         raise CheckpointError(f"--kv-layer {kv_layer}: the base has layers 0..{len(scores) - 1}")
-    t0 = time.time()
-    prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts)
-    data = distil_together(base, prompts, cfg.new_tokens) if world > 1 else distilled(base, before, prompts, cfg.new_tokens)
-    data_seconds = time.time() - t0
-
     if cfg.init:  # checked against this base by fingerprint; it keeps its own base layer and chain length
         head = load_head(cfg.init, base.cpu()).train()
         base.to(device)
@@ -254,14 +215,23 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer,
                                                        num_layers=cfg.layers or 1, draft_vocab=cfg.draft_vocab))
         init_random(head, cfg.seed)
-        if head.config.draft_vocab:
-            head.d2t.copy_(draft_vocabulary(data, head.config.draft_vocab))
+    t0 = time.time()
+    prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts)
+    feats, read = None, head.config.kv_layer if cfg.cache_features else None
+    if world > 1:
+        data = distil_together(base, prompts, cfg.new_tokens, read)
+    else:
+        data = distilled(base, before, prompts, cfg.new_tokens, read)
+    if read is not None:
+        data, feats = data
+    data_seconds = time.time() - t0
+    if head.config.draft_vocab and not cfg.init:
+        head.d2t.copy_(draft_vocabulary(data, head.config.draft_vocab))
     head.to(device)
     model = Objective(head)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    feats = base_features(base, data, head.config.kv_layer, before) if cfg.cache_features else None
     batch = sequential(make_batches(data, cfg.batch_size, random.Random(cfg.seed), feats))
 
     def step_loss(step: int):
