@@ -114,38 +114,141 @@ PROMPTS = [("proofread", "The functon returns a new dictionery with the same key
            ("continue", "Give me three tips for writing clear emails.")]
 
 
-@pytest.mark.slow
-def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol, tmp_path):
-    """A head for SmolLM2 (random weights, seeded) with a reduced draft vocabulary of 4,096 tokens (d2t),
-    exported with the base: MTP writes the base's own greedy tokens in PyTorch and on onnxruntime, every
-    draft one of the vocabulary's tokens."""
+@pytest.fixture(scope="module")
+def smol_export(smol, tmp_path_factory):
+    """SmolLM2 with a head (random weights, seeded) with a reduced draft vocabulary of 4,096 tokens (d2t)
+    that holds every token of the prompts' references, exported in fp32: (onnx dir, head)."""
     import torch
 
-    from builder.decode.loop import compare_to_reference, decode
-    from builder.decode.onnx_backend import OnnxBackend
-    from builder.decode.torch_backend import TorchBackend, decode_ar
+    from builder.decode.torch_backend import decode_ar
     from builder.export.manifest import Checkpoints, ensure_export
     from builder.models.head import HeadConfig, MTPHead, base_fingerprint, init_random, save_head
 
+    tmp = tmp_path_factory.mktemp("smol")
     tok = load_tokenizer(SMOL)
-    refs = {task: decode_ar(smol, encode_prompt(tok, task, text), 24, smol.config.eos_token_id) for task, text in PROMPTS}
+    refs = [decode_ar(smol, encode_prompt(tok, task, text), 24, smol.config.eos_token_id) for task, text in PROMPTS]
     head = MTPHead(HeadConfig.for_base(smol.config, kv_layer=18, k_train=4, draft_vocab=4096,
                                        base_fingerprint=base_fingerprint(smol)))
     init_random(head, 0)
-    used = sorted({t for r in refs.values() for t in r.ids})  # tokens the drafts can hit, and others
+    used = sorted({t for r in refs for t in r.ids})  # tokens the drafts can hit, and others
     rest = [t for t in range(smol.config.vocab_size) if t not in set(used)][: 4096 - len(used)]
     head.d2t.copy_(torch.tensor(sorted(used + rest)))
-    save_head(head, tmp_path / "head")
-    onnx_dir = tmp_path / "onnx"
-    ensure_export(Checkpoints(SMOL, tmp_path / "head"), onnx_dir, ("fp32",))
-    backends = {"torch": TorchBackend(smol, head=head.eval()), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32")}
+    save_head(head, tmp / "head")
+    ensure_export(Checkpoints(SMOL, tmp / "head"), tmp / "onnx", ("fp32",))
+    return tmp / "onnx", head.eval()
+
+
+@pytest.mark.slow
+def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol, smol_export):
+    """MTP with the d2t head writes the base's own greedy tokens in PyTorch and on onnxruntime; the export
+    holds the GGUF's blocks, from which the page's unpack rebuilds the fp32 weights file bit for bit."""
+    from builder.decode.loop import compare_to_reference, decode
+    from builder.decode.onnx_backend import OnnxBackend
+    from builder.decode.torch_backend import TorchBackend, decode_ar
+
+    onnx_dir, head = smol_export
+    files = json.loads((onnx_dir / "manifest.json").read_text())["files"]
+    packed = files["base.data"]["packed"]
+    assert {"q4_1", "q8_0"} <= {s["kind"] for s in packed["segments"]}
+    assert files[packed["file"]]["bytes"] < 0.2 * files["base.data"]["bytes"]  # 5 bits a weight (Q4_1), not 32
+    assert node_unpack(onnx_dir / packed["file"], packed, files["base.data"]["bytes"]) == files["base.data"]["sha256"]
+    tok = load_tokenizer(SMOL)
+    backends = {"torch": TorchBackend(smol, head=head), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32")}
     for task, text in PROMPTS:
         ids = encode_prompt(tok, task, text)
+        ref = decode_ar(smol, ids, 24, smol.config.eos_token_id)
         for name, backend in backends.items():
             out = decode(backend, ids, 24, smol.config.eos_token_id, 4)
-            verdict, where = compare_to_reference(refs[task], out.ids)
-            assert verdict != "mismatch", (name, task, where, refs[task].ids, out.ids)
+            verdict, where = compare_to_reference(ref, out.ids)
+            assert verdict != "mismatch", (name, task, where, ref.ids, out.ids)
             assert len(out.accepted) == out.steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,n", [("wasm", 8), ("webgpu", 2)])
+def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export, browser, tmp_path, backend, n):
+    """The site of the export: the page downloads base.blocks (never the fp32 base.data), rebuilds the
+    weights, and writes the base's own greedy tokens in ar and mtp (few tokens on WebGPU: SwiftShader)."""
+    from builder.decode.loop import compare_to_reference
+    from builder.decode.torch_backend import decode_ar
+    from builder.export.manifest import Checkpoints
+    from builder.site.browser import served
+    from builder.site.build import build
+    from tests.conftest import Page
+
+    onnx_dir, _ = smol_export
+    site = tmp_path / "site"
+    build(Checkpoints(SMOL, onnx_dir.parent / "head"), site, onnx_dir, ("fp32",))
+    assert (site / "models" / "base.blocks").is_file() and not (site / "models" / "base.data").exists()
+    tok = load_tokenizer(SMOL)
+    with served(site) as url:
+        page = Page(browser, url, f"?backend={backend}")
+        assert page.info["backend"] == backend, page.info
+        for task, text in PROMPTS[:2]:
+            ref = decode_ar(smol, encode_prompt(tok, task, text), n, smol.config.eos_token_id)
+            for mode in ("ar", "mtp"):
+                got = page.generate(prompt=text, task=task, mode=mode, k=4, maxNewTokens=n)
+                assert compare_to_reference(ref, got["ids"])[0] != "mismatch", (backend, mode, task, ref.ids, got["ids"])
+        assert not [r for r in page.requests if r.endswith("/base.data")]
+        assert [r for r in page.requests if r.endswith("/base.blocks")]
+        assert page.errors == []
+        page.close()
+
+
+UNPACK = """
+import { readFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+const [,, blocksPath, specPath, size, lib] = process.argv;
+const { unpack } = await import(lib);
+const out = unpack(JSON.parse(readFileSync(specPath, 'utf8')), new Uint8Array(readFileSync(blocksPath)), Number(size));
+console.log(createHash('sha256').update(out).digest('hex'));
+"""
+
+
+def node_unpack(blocks: Path, spec: dict, size: int) -> str:
+    """The sha256 of what the page's unpack (web/src/blocks.mjs) rebuilds from a blocks file."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "unpack.mjs").write_text(UNPACK)
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+        run = subprocess.run(["node", str(Path(tmp) / "unpack.mjs"), str(blocks), str(Path(tmp) / "spec.json"), str(size),
+                              (ROOT / "web" / "src" / "blocks.mjs").as_uri()], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_the_page_rebuilds_fp32_weights_from_q4_1_and_q8_0_blocks_bit_for_bit(tmp_path):
+    """blocks.mjs on blocks quantized by the gguf package (random values, fp16 scales from subnormal to
+    large, negative minima) and raw bytes, with gaps between them: numpy's fp32 values (gguf.quants), the
+    ones the import gives torch, bit for bit."""
+    import hashlib
+
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(0)
+    scales = np.exp(rng.uniform(-18, 6, (64, 1))).astype(np.float32)
+    tensors = [("q4_1", Q.Q4_1, (rng.standard_normal((64, 96)) * scales + rng.standard_normal((64, 1))).astype(np.float32)),
+               ("raw", None, rng.standard_normal(40).astype(np.float32)),
+               ("q8_0", Q.Q8_0, (rng.standard_normal((48, 64)) * scales[:48]).astype(np.float32))]
+    data, blocks, segments = bytearray(), bytearray(), []
+    for kind, qtype, w in tensors:
+        data += bytes(-len(data) % 64)  # aligned, zeros between, as the exporter writes
+        if qtype is None:
+            values, body = w, w.tobytes()
+        else:
+            q = quantize(w, qtype)
+            values, body = dequantize(q, qtype).astype(np.float32), q.tobytes()
+        segments.append({"at": len(data), "bytes": values.nbytes, "from": len(blocks), "kind": kind,
+                         **({"rows": w.shape[0]} if qtype else {})})
+        data += values.tobytes()
+        blocks += body
+    (tmp_path / "w.blocks").write_bytes(bytes(blocks))
+    got = node_unpack(tmp_path / "w.blocks", {"file": "w.blocks", "segments": segments}, len(data))
+    assert got == hashlib.sha256(bytes(data)).hexdigest()
+
 
 PAGE_TOKENIZER = """
 import { readFileSync } from 'node:fs';

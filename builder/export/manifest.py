@@ -53,8 +53,8 @@ def code_hash() -> str:
     """sha256 over the code an export is made from: a changed model or exporter makes old exports stale."""
     h = hashlib.sha256()
     package = Path(__file__).resolve().parent.parent
-    for name in ("models/llama.py", "models/head.py", "decode/torch_backend.py", "export/graphs.py", "export/fuse.py",
-                 "export/manifest.py"):
+    for name in ("models/llama.py", "models/head.py", "models/gguf.py", "decode/torch_backend.py", "export/graphs.py",
+                 "export/fuse.py", "export/packed.py", "export/manifest.py"):
         h.update((package / name).read_bytes())
     return h.hexdigest()
 
@@ -70,7 +70,7 @@ def graph_files(graph: dict) -> list[str]:
     return [graph["file"], *graph["weights"]]
 
 
-def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, drafter) -> dict:
+def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, drafter, packed: dict | None = None) -> dict:
     from ..data.tasks import load_tokenizer, special_tokens
     from ..decode.drafter import DRAFTER_K_MAX
     from ..decode.loop import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES
@@ -80,6 +80,8 @@ def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, 
     first = next(iter(precisions.values()))["graphs"]
     shutil.copyfile(Path(ckpts.base) / "tokenizer.json", out / "tokenizer.json")
     files = [f for p in precisions.values() for g in p["graphs"].values() for f in graph_files(g)] + ["tokenizer.json"]
+    packed = packed or {}
+    files += [spec["file"] for spec in packed.values()]
     sources_here = {"head": head, "drafter": drafter}
     manifest = {
         "format": FORMAT,
@@ -102,7 +104,9 @@ def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, 
                           "past_value": f"present_value_{head.config.kv_layer}"}},
         "drafter": None if drafter is None else {"k": DRAFTER_K_MAX, "kv": kv_layout(first["drafter"], drafter.config)},
         "precisions": precisions,
-        "files": {f: {"bytes": (out / f).stat().st_size, "sha256": sha256_file(out / f)} for f in files},
+        # a weights file with a packed form (packed.py): the page downloads that and rebuilds this one
+        "files": {f: {"bytes": (out / f).stat().st_size, "sha256": sha256_file(out / f),
+                      **({"packed": packed[f]} if f in packed else {})} for f in files},
         "tokenizer": "tokenizer.json",
         "source": sources(ckpts),
     }
@@ -114,9 +118,11 @@ def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = N
     """Exports the checkpoints into out/ (replacing an earlier export there) in the given precisions
     (default: every one) and writes its manifest."""
     from ..decode.drafter import load_drafter
+    from ..models.gguf import SOURCE, packed_blocks
     from ..models.head import load_head
     from ..models.llama import load_llama
     from .graphs import export_graphs
+    from .packed import pack
 
     out = Path(out)
     precisions = precisions or tuple(PRECISIONS)
@@ -127,10 +133,12 @@ def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = N
              ", ".join(precisions), out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # no manifest describes a half-written export
-    for old in [*out.glob("*.onnx"), *out.glob("*.data")]:
+    for old in [*out.glob("*.onnx"), *out.glob("*.data"), *out.glob("*.blocks")]:
         old.unlink()
     graphs = export_graphs(base, head, drafter, out, precisions)
-    return write_manifest(ckpts, out, graphs, base, head, drafter)
+    # a base imported from a GGUF: its weights also as the file's blocks, what the page downloads
+    packed = pack(out, packed_blocks(ckpts.base)) if (Path(ckpts.base) / SOURCE).is_file() else {}
+    return write_manifest(ckpts, out, graphs, base, head, drafter, packed)
 
 
 def is_export_of(directory: Path, ckpts: Checkpoints, precisions: tuple[str, ...]) -> bool:
@@ -168,6 +176,8 @@ def read_manifest(directory: Path) -> dict:
                               "export the models again")
     for name, want in manifest["files"].items():
         f = directory / name
+        if "packed" in want and not f.is_file():
+            continue  # a site: it holds the packed form (listed too, and checked), which the page unpacks
         if not f.is_file():
             raise CheckpointError(f"missing {f} (listed in {path})")
         size, digest = f.stat().st_size, sha256_file(f)

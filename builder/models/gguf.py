@@ -93,31 +93,65 @@ NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "
          "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 
 
+def tensor_name(gguf_name: str) -> str:
+    """The Hugging Face (state-dict) name of a GGUF tensor."""
+    fixed = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+    if gguf_name in fixed:
+        return fixed[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in NAMES and parts[3] == "weight":
+        return f"model.layers.{parts[1]}.{NAMES[parts[2]]}.weight"
+    raise CheckpointError(f"unsupported GGUF tensor {gguf_name}")
+
+
+def row_order(t, cfg: dict) -> np.ndarray | None:
+    """Where each row of the imported tensor comes from in the file's: q/k rows un-permuted, else None."""
+    heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}.get(t.name.split(".")[-2])
+    return None if heads is None or not t.name.startswith("blk.") else unpermute(np.arange(int(t.shape[-1])), heads)
+
+
 def state_dict(reader, cfg: dict) -> dict[str, torch.Tensor]:
     from gguf.quants import dequantize
 
     state = {}
     for t in reader.tensors:
         w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape([int(x) for x in reversed(t.shape)])
-        if t.name == "token_embd.weight":
-            name = "model.embed_tokens.weight"
-        elif t.name == "output_norm.weight":
-            name = "model.norm.weight"
-        elif t.name == "output.weight":
-            name = "lm_head.weight"
-        elif t.name.startswith("blk."):
-            _, i, part, kind = t.name.split(".")
-            if part not in NAMES or kind != "weight":
-                raise CheckpointError(f"unsupported GGUF tensor {t.name}")
-            if part == "attn_q":
-                w = unpermute(w, cfg["num_attention_heads"])
-            elif part == "attn_k":
-                w = unpermute(w, cfg["num_key_value_heads"])
-            name = f"model.layers.{i}.{NAMES[part]}.weight"
-        else:
-            raise CheckpointError(f"unsupported GGUF tensor {t.name}")
-        state[name] = torch.from_numpy(np.ascontiguousarray(w))
+        order = row_order(t, cfg)
+        state[tensor_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w if order is None else w[order]))
     return state
+
+
+BLOCKS = {"Q4_1": "q4_1", "Q8_0": "q8_0"}  # GGUF block types a page unpacks (web/src/blocks.mjs)
+
+
+def packed_blocks(directory: Path) -> dict[str, dict]:
+    """For each block-quantized weight of the GGUF a checkpoint was imported from: the sha256 of its fp32
+    values as imported (hex) -> {"kind": "q4_1" or "q8_0", "blocks": its blocks as in the file, rows in the
+    imported order (uint8, rows x bytes per row)}. What a page downloads instead of the fp32 values
+    (export/packed.py); it computes the same fp32 values from them."""
+    import hashlib
+
+    from gguf.quants import dequantize
+
+    meta = json.loads((Path(directory) / SOURCE).read_text())
+    path = find_gguf(meta)
+    if sha256(path) != meta["sha256"]:
+        raise CheckpointError(f"{path} is not the file {Path(directory) / SOURCE} names (sha256 differs)")
+    cfg = json.loads((Path(directory) / "config.json").read_text())
+    out = {}
+    for t in read(path).tensors:
+        if t.tensor_type.name not in BLOCKS:
+            continue
+        rows = int(t.shape[-1])
+        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1)
+        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(rows, -1)
+        order = row_order(t, cfg)
+        if order is not None:
+            blocks, w = blocks[order], w[order]
+        out[hashlib.sha256(np.ascontiguousarray(w).tobytes()).hexdigest()] = {
+            "kind": BLOCKS[t.tensor_type.name], "blocks": np.ascontiguousarray(blocks)}
+    return out
 
 
 def tokenizer_json(reader) -> dict:

@@ -4,8 +4,8 @@ build() reads as the recipe:
 1. export the checkpoints to ONNX (reused when build/onnx already is their export);
 2. install the browser libraries with `npm ci` from web/package-lock.json when they are missing;
 3. render web/templates with jinja2, copy the page's ES modules and stylesheet;
-4. copy the graphs and weights files of the precisions asked for, the tokenizer, and a manifest that
-   lists exactly those files;
+4. copy the graphs and weights files of the precisions asked for (a weights file with a packed form,
+   export/packed.py: that form instead), the tokenizer, and a manifest that lists exactly those files;
 5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences).
 
 Every path in the site is relative, so the folder works on any static host.
@@ -83,8 +83,11 @@ def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], mod
     """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those."""
     kept = {p: manifest["precisions"][p] for p in precisions}
     files = {f for p in kept.values() for g in p["graphs"].values() for f in graph_files(g)} | {manifest["tokenizer"]}
+    # a weights file with a packed form: the site holds that (the page rebuilds the file from it)
+    files |= {manifest["files"][f]["packed"]["file"] for f in files if "packed" in manifest["files"][f]}
     for name in sorted(files):
-        shutil.copyfile(onnx_dir / name, models / name)
+        if "packed" not in manifest["files"][name]:
+            shutil.copyfile(onnx_dir / name, models / name)
     site_manifest = {**manifest, "precisions": kept, "files": {f: manifest["files"][f] for f in sorted(files)}}
     (models / MANIFEST).write_text(json.dumps(site_manifest, indent=2) + "\n")
     return site_manifest

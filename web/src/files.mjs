@@ -4,7 +4,8 @@
 
 import { PageError } from './errors.mjs';
 
-const hex = async (data) => [...new Uint8Array(await crypto.subtle.digest('SHA-256', data))]
+/** The sha256 of bytes, as hex. */
+export const hex = async (data) => [...new Uint8Array(await crypto.subtle.digest('SHA-256', data))]
   .map((b) => b.toString(16).padStart(2, '0')).join('');
 
 // Model files stay in Cache Storage after a verified download, keyed by their sha256: a second visit

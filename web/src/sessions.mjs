@@ -3,13 +3,15 @@
 // special tokens, task formats, modes) comes from models/manifest.json, written by `python -m builder build`.
 //
 // A graph's weights (ONNX external data) are downloaded once per page and shared by every session that
-// lists them (the base's file serves the base and every head graph). Sessions are created one at a time
+// lists them (the base's file serves the base and every head graph); one with a packed form (a base
+// imported from a GGUF: its 4-bit blocks) is rebuilt from that (blocks.mjs). Sessions are created one at a time
 // and every session.run goes through one promise chain (DESIGN.md); a failed run names each input. On
 // WebGPU the tensors runs leave on the GPU are counted until disposed, and the device is watched for loss.
 
 import { Tokenizer } from './vendor/tokenizers/tokenizers.min.mjs';
 import { DeviceLostError, PageError } from './errors.mjs';
-import { fetchBytes, fetchModelFile, fetchRuntime, pruneCache } from './files.mjs';
+import { unpack } from './blocks.mjs';
+import { fetchBytes, fetchModelFile, fetchRuntime, hex, pruneCache } from './files.mjs';
 import { gpuCounter, ort, runtimeFile, startRuntime } from './runtime.mjs';
 import { TaskTokenizer, unicodeDigits } from './tasks.mjs';
 
@@ -71,7 +73,7 @@ export class Sessions {
   async open(names) {
     const todo = names.filter((name) => !this.sessions[name]);
     const files = new Set(todo.flatMap((name) => [this.graphs[name].file, ...this.graphs[name].weights])
-      .filter((file) => !this.weights[file]));
+      .filter((file) => !this.weights[file]).map((file) => this.manifest.files[file].packed?.file ?? file));
     const total = [...files].reduce((sum, file) => sum + this.manifest.files[file].bytes, 0);
     let loaded = 0;
     const onBytes = (file) => (n) => { loaded += n; this.onProgress?.(loaded, total, file); };
@@ -85,13 +87,24 @@ export class Sessions {
     return fetchModelFile(new URL(file, this.modelsUrl), { ...this.manifest.files[file], onBytes: onBytes(file) });
   }
 
+  /** A weights file: downloaded as it is, or rebuilt from its packed form (blocks.mjs) and checked. */
+  async weightsFile(path, onBytes) {
+    const { packed, bytes, sha256 } = this.manifest.files[path];
+    if (!packed) return this.fetch(path, onBytes);
+    const data = unpack(packed, await this.fetch(packed.file, onBytes), bytes);
+    if (await hex(data) !== sha256) {
+      throw new PageError(`${path} rebuilt from ${packed.file} is not the exported file (sha256 differs): rebuild the site`);
+    }
+    return data;
+  }
+
   /** Downloads a graph and its weights not yet here, each checked against its sha256; creates its session. */
   async create(name, onBytes) {
     const graph = this.graphs[name];
     const model = await this.fetch(graph.file, onBytes);
     const externalData = [];
     for (const path of graph.weights) {
-      externalData.push({ path, data: await (this.weights[path] ??= this.fetch(path, onBytes)) });
+      externalData.push({ path, data: await (this.weights[path] ??= this.weightsFile(path, onBytes)) });
     }
     // where each output stays, as the manifest says: only token ids come back, the rest stays on the GPU
     const preferredOutputLocation = Object.fromEntries(

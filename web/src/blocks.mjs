@@ -1,0 +1,65 @@
+// A weights file rebuilt from its packed form (builder/export/packed.py): the GGUF's own blocks for the
+// block-quantized tensors, the other tensors' bytes as they are. The graphs compute in fp32 on the values
+// the torch reference computes on; the page downloads 5 bits a weight (Q4_1) instead of 32, and the
+// caller checks the rebuilt file against the manifest's sha256 of the fp32 file.
+//
+// Q4_1 block (20 bytes, 32 weights): fp16 d, fp16 m, 16 bytes of 4-bit q (byte j: weight j in the low
+// nibble, weight j + 16 in the high one); weight = d * q + m. Q8_0 (34 bytes): fp16 d, 32 int8 q; d * q.
+// Each value is rounded to fp32 once, as numpy's fp32 arithmetic does in the import (gguf.quants): d * q
+// is exact in a double and in fp32 (11 + 8 bits), so fround(d * q + m) is numpy's fp32 sum.
+
+const BLOCK_BYTES = { q4_1: 20, q8_0: 34 };
+
+/** An IEEE half (as its 16 bits) as a number. */
+function half(bits) {
+  const exp = (bits >> 10) & 0x1f;
+  const frac = bits & 0x3ff;
+  const sign = bits & 0x8000 ? -1 : 1;
+  if (exp === 0) return sign * frac * 2 ** -24;
+  if (exp === 31) return frac ? NaN : sign * Infinity;
+  return sign * (1024 + frac) * 2 ** (exp - 25);
+}
+
+function unpackRows(kind, src, dst) {
+  const n = src.length / BLOCK_BYTES[kind];
+  for (let b = 0; b < n; b += 1) {
+    const o = b * BLOCK_BYTES[kind];
+    const d = half(src[o] | (src[o + 1] << 8));
+    const w = b * 32;
+    if (kind === 'q4_1') {
+      const m = half(src[o + 2] | (src[o + 3] << 8));
+      for (let j = 0; j < 16; j += 1) {
+        const q = src[o + 4 + j];
+        dst[w + j] = d * (q & 15) + m;          // a Float32Array: the one rounding to fp32
+        dst[w + j + 16] = d * (q >> 4) + m;
+      }
+    } else {
+      for (let j = 0; j < 32; j += 1) dst[w + j] = d * ((src[o + 2 + j] << 24) >> 24);
+    }
+  }
+}
+
+/**
+ * The weights file `spec` describes (manifest files[name].packed), `size` bytes, from its blocks file.
+ * @param {{segments: {at: number, bytes: number, from: number, kind: string, rows?: number}[]}} spec
+ * @param {Uint8Array} packed the blocks file
+ * @param {number} size the weights file's bytes
+ * @returns {Uint8Array}
+ */
+export function unpack(spec, packed, size) {
+  const out = new Uint8Array(size);
+  let end = 0;
+  for (const s of spec.segments) {
+    if (s.at < end || s.at + s.bytes > size || s.at % 4) throw new Error(`packed weights: a segment at ${s.at} out of place`);
+    end = s.at + s.bytes;
+    if (s.kind === 'raw') {
+      out.set(packed.subarray(s.from, s.from + s.bytes), s.at);
+      continue;
+    }
+    if (!(s.kind in BLOCK_BYTES)) throw new Error(`packed weights: unknown block kind ${s.kind}`);
+    const length = (s.bytes / 128) * BLOCK_BYTES[s.kind];  // 32 fp32 values per block
+    if (s.from + length > packed.length) throw new Error(`packed weights: the blocks file is too short`);
+    unpackRows(s.kind, packed.subarray(s.from, s.from + length), new Float32Array(out.buffer, s.at, s.bytes / 4));
+  }
+  return out;
+}
