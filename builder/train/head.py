@@ -337,13 +337,14 @@ def stage_text(log: dict) -> str:
     t = log["train_config"]
     target = ("the base's whole next-token distribution (soft targets)" if t.get("targets") == "distribution"
               else "the base's greedy token")
-    counts = {task: (t.get("task_prompts") or {}).get(task, t["prompts_per_task"]) for task in TASKS}
+    tasks = [*TASKS, *(task for task in t.get("task_prompts") or {} if task not in TASKS)]  # reply: a chat base's
+    counts = {task: (t.get("task_prompts") or {}).get(task, t["prompts_per_task"]) for task in tasks}
     if len(set(counts.values())) == 1:
         prompts = (f"{t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, "
                    f"`proofread`\nsentences with typos, `summarize` passages; seed {t['seed']})")
     else:
-        prompts = (f"{counts['continue']} `continue` prefixes, {counts['proofread']} `proofread` sentences with typos and "
-                   f"{counts['summarize']}\n`summarize` passages of the training split (fewer where it has fewer; seed {t['seed']})")
+        prompts = (", ".join(f"{n} `{task}`" for task, n in counts.items())
+                   + f" prompts of the training split\n(fewer where it has fewer; seed {t['seed']})")
     start = f"from the head in `{t['init']}`" if t.get("init") else "from random weights"
     added = log.get("head_layers", 1) - log.get("init_log", {}).get("head_layers", 1)
     if t.get("init") and added > 0:
