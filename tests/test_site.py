@@ -78,9 +78,9 @@ def test_build_copies_only_what_the_page_needs(site):
     for precision, spec in manifest["precisions"].items():
         assert set(spec["graphs"]) == {"base", "drafter", *heads}, f"{precision}: not the graphs the page runs"
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
-    modules = ["app.mjs", "runtime.mjs", "files.mjs", "sessions.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs"]
+    modules = ["app.mjs", "runtime.mjs", "files.mjs", "sessions.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs", "blocks.mjs"]
     expected = {"index.html", *modules, "coi-sw.js", "style.css", "models/manifest.json",
-                *(f"models/{f}" for f in manifest["files"]), *VENDOR.values()}
+                *(f"models/{f}" for f, m in manifest["files"].items() if "packed" not in m), *VENDOR.values()}
     assert files == expected
     html = (site / "index.html").read_text()
     assert "http://" not in html and "https://" not in html and 'src="/' not in html, "paths must be relative"
