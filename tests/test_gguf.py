@@ -152,6 +152,13 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
     assert {"q4_1", "q8_0"} <= {s["kind"] for s in packed["segments"]}
     assert files[packed["file"]]["bytes"] < 0.2 * files["base.data"]["bytes"]  # 5 bits a weight (Q4_1), not 32
     assert node_unpack(onnx_dir / packed["file"], packed, files["base.data"]["bytes"]) == files["base.data"]["sha256"]
+    # the head graphs read nothing of the base's file: the draft vocabulary's rows of the embedding are the
+    # head's, stored as those rows of the file's Q8_0 blocks
+    graphs = json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["fp32"]["graphs"]
+    assert all(not any(f.startswith("base.") for f in graphs[f"head_k{k}"]["weights"]) for k in range(1, 5))
+    rows = files["head.data"]["packed"]
+    assert [s["rows"] for s in rows["segments"] if s["kind"] == "q8_0"] == [4096]
+    assert node_unpack(onnx_dir / rows["file"], rows, files["head.data"]["bytes"]) == files["head.data"]["sha256"]
     tok = load_tokenizer(SMOL)
     backends = {"torch": TorchBackend(smol, head=head), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32")}
     for task, text in PROMPTS:

@@ -212,9 +212,23 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
         out = decode(TorchBackend(tiny, head=cached.eval()), p, 12, eos, 3)
         assert compare_to_reference(ref, out.ids)[0] != "mismatch"
         with torch.no_grad():
-            drafted = cached.draft_ids(tiny, torch.randn(1, 1, 32), torch.tensor([[p[-1]]]),
+            drafted = cached.draft_ids(cached.vocabulary(tiny), torch.randn(1, 1, 32), tiny.model.embed_tokens(torch.tensor([[p[-1]]])),
                                        *[torch.randn(1, 5, 2, 8) for _ in range(2)], 3)
         assert set(drafted[0].tolist()) <= set(cached.d2t.tolist())
+    # exported, its graphs hold the draft vocabulary's rows of the embedding (nothing of the base's file)
+    # and draft what the torch head drafts: the same steps and acceptances through the one loop
+    from builder.decode.onnx_backend import OnnxBackend
+    from builder.export.manifest import Checkpoints, export
+
+    save_llama(tiny, tmp_path / "base")
+    shutil.copyfile(tmp_path / "tokenizer" / "tokenizer.json", tmp_path / "base" / "tokenizer.json")
+    save_head(cached, tmp_path / "mtp")
+    m = export(Checkpoints(tmp_path / "base", tmp_path / "mtp", None), tmp_path / "onnx", ("fp32",))
+    assert all("base.data" not in m["precisions"]["fp32"]["graphs"][f"head_k{k}"]["weights"] for k in range(1, 4))
+    onnx_head = OnnxBackend(tmp_path / "onnx", "head", 3)
+    for p in validation_prompts_of(small, tok)[:4]:
+        out, there = (decode(b, p, 12, eos, 3) for b in (TorchBackend(tiny, head=cached), onnx_head))
+        assert (out.ids, out.accepted) == (there.ids, there.accepted)
 
 
 def test_batched_distillation_is_each_prompts_own_greedy_decoding(base, tokenizer, validation_prompts):

@@ -280,7 +280,9 @@ def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
     weights = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731 (tied counted once)
     kv = lambda c: 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # noqa: E731 fp32 K and V
     hc = head.config
-    return {"base_weights_bytes": weights(base), "mtp_weights_bytes": weights(head),
+    # a draft vocabulary: its graphs hold those rows of the base's embedding (and LM head, if not tied)
+    rows = {id(w): w[: hc.draft_vocab] for w in (base.model.embed_tokens.weight, base.lm_head.weight)} if hc.draft_vocab else {}
+    return {"base_weights_bytes": weights(base), "mtp_weights_bytes": weights(head) + sum(r.numel() * 4 for r in rows.values()),
             "drafter_weights_bytes": weights(drafter),
             "kv_bytes_per_token_base": kv(base.config), "kv_bytes_per_token_drafter": kv(drafter.config),
             # the head keeps no cache of the sequence: only its own chain's keys and values during one step
@@ -296,7 +298,8 @@ def download_bytes(onnx_dir: Path) -> dict:
 
     m = read_manifest(onnx_dir)
     graphs, files = m["precisions"]["fp32"]["graphs"], m["files"]
-    size = lambda names: sum(files[f]["bytes"] for f in names)  # noqa: E731
+    # a weights file with a packed form (export/packed.py): the page downloads that form
+    size = lambda names: sum(files[files[f]["packed"]["file"] if "packed" in files[f] else f]["bytes"] for f in names)  # noqa: E731
     base = set(graphs["base"]["weights"])
     head = {f for name, g in graphs.items() if name.startswith("head_") for f in g["weights"]} - base
     drafter = set(graphs["drafter"]["weights"]) - base if "drafter" in graphs else set()

@@ -29,6 +29,8 @@ from .drafter import IndependentDrafter
 class OnnxState:
     cache: dict[str, np.ndarray]  # past input name -> (1, S, n_kv, head_dim): positions 0..S-1
     hidden: np.ndarray            # (1, T, C) the base's hidden output for the last T fed tokens; the last is the anchor
+    embeds: np.ndarray            # (1, T, C) the embeddings of the base's choices there (the head reads the anchor's)
+    choices: list[int]            # the base's choices there
     ids: list[int]                # the S tokens in the cache
 
 
@@ -64,7 +66,7 @@ class OnnxBackend:
         self.past = kv["past_inputs"]                               # past_key_0, past_value_0, ..
         self.present = dict(zip(kv["present_outputs"], self.past))  # present name -> past name it feeds
         self.kv_shape = kv["shape"]
-        self.outputs = ["choices", "margins", "hidden", *kv["present_outputs"]]
+        self.outputs = ["choices", "margins", "hidden", "embeds", *kv["present_outputs"]]
         self.run_seconds = defaultdict(list)  # "base T=5", "head k=4", ..: the wall time of each such run
         self.base = session("base")
         self.head = self.drafter = None
@@ -88,9 +90,10 @@ class OnnxBackend:
 
     def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int]):
         feeds = {"input_ids": np.array([ids], dtype=np.int64), **state_cache}
-        choices, margins, hidden, *present = self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)
-        cache = {self.present[name]: t for name, t in zip(self.outputs[3:], present)}
-        return choices[0].tolist(), margins[0].tolist(), OnnxState(cache, hidden, state_ids + ids)
+        choices, margins, hidden, embeds, *present = self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)
+        cache = {self.present[name]: t for name, t in zip(self.outputs[4:], present)}
+        choices = choices[0].tolist()
+        return choices, margins[0].tolist(), OnnxState(cache, hidden, embeds, choices, state_ids + ids)
 
     def prefill(self, ids: list[int]) -> OnnxState:
         empty = np.zeros([1, 0, *self.kv_shape[2:]], dtype=self.float)  # S = 0: no past yet
@@ -106,7 +109,7 @@ class OnnxBackend:
             return state
         keep = len(state.ids) - drop
         return OnnxState({name: t[:, :keep] for name, t in state.cache.items()}, state.hidden[:, :n_fed],
-                         state.ids[:keep])
+                         state.embeds[:, :n_fed], state.choices[:n_fed], state.ids[:keep])
 
     def independent_drafter(self, session) -> IndependentDrafter:
         """The drafter graph behind the one drafting logic of builder/decode/drafter.py (its own cache, by prefix)."""
@@ -130,8 +133,10 @@ class OnnxBackend:
             raise ValueError("this backend has no draft source")
         if k > self.k:
             raise ValueError(f"this backend's head graph drafts {self.k} tokens, {k} asked")
-        feeds = {"hidden": state.hidden, "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64),
-                 "token": np.array([[token]], dtype=np.int64),
+        if token != state.choices[-1]:
+            return []  # the prompt's last token, not the base's choice: the graph has only the choices' embeddings
+        feeds = {"hidden": state.hidden, "embeds": state.embeds,
+                 "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64),
                  **{name: state.cache[past] for name, past in self.head_kv.items()}}
         (drafts,) = self._run(self.head, f"head k={self.k}", ["drafts"], feeds)
         return drafts[0, :k].tolist()  # the graph of the mode's k; near the end only its first k are allowed

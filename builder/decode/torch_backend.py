@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.head import MTPHead
 from ..models.llama import KV, Llama
 from .loop import Decoded, decode
 
@@ -25,6 +26,7 @@ def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class TorchState:
     cache: list[KV]       # per layer (key, value), (1, S, n_kv, head_dim): positions 0..S-1
     hidden: torch.Tensor  # (T, C) the base's final hidden states of the last T fed tokens; the last is the anchor
+    choices: list[int]    # the base's greedy choices there
     ids: list[int]        # the S tokens in the cache
 
 
@@ -32,7 +34,7 @@ class TorchBackend:
     """The decode loop's interface over the PyTorch base and, optionally, one draft source:
 
     `head`: anything with draft(base, hidden, token, cache, k) -> list[int] that reads the base's state,
-    such as the MTP head; `drafter`: anything with draft(context_ids, k) -> list[int] that reads only
+    such as the MTP head (which drafts only after the base's own choice: see `draft`); `drafter`: anything with draft(context_ids, k) -> list[int] that reads only
     tokens, such as the independent drafter (drafter.py).
     """
 
@@ -44,14 +46,14 @@ class TorchBackend:
 
     @torch.no_grad()
     def prefill(self, ids: list[int]) -> TorchState:
-        _, hidden, cache = self.base(torch.tensor([ids]))
-        return TorchState(cache, hidden[0], list(ids))
+        logits, hidden, cache = self.base(torch.tensor([ids]))
+        return TorchState(cache, hidden[0], greedy(logits[0])[0].tolist(), list(ids))
 
     @torch.no_grad()
     def verify(self, state: TorchState, ids: list[int]):
         logits, hidden, cache = self.base(torch.tensor([ids]), state.cache)
         choice, margin = greedy(logits[0])
-        return choice.tolist(), margin.tolist(), TorchState(cache, hidden[0], state.ids + ids)
+        return choice.tolist(), margin.tolist(), TorchState(cache, hidden[0], choice.tolist(), state.ids + ids)
 
     def rollback(self, state: TorchState, n_fed: int) -> TorchState:
         """Keep the first n_fed of the tokens just verified: a prefix view of every cache tensor."""
@@ -59,10 +61,12 @@ class TorchBackend:
         if drop == 0:
             return state
         cache = [(k[:, :-drop], v[:, :-drop]) for k, v in state.cache]
-        return TorchState(cache, state.hidden[:n_fed], state.ids[:-drop])
+        return TorchState(cache, state.hidden[:n_fed], state.choices[:n_fed], state.ids[:-drop])
 
     def draft(self, state: TorchState, token: int, k: int) -> list[int]:
         if self.head is not None:
+            if isinstance(self.head, MTPHead) and token != state.choices[-1]:
+                return []  # as its graphs, which embed only the base's choices (onnx_backend.py; loop.py)
             return self.head.draft(self.base, state.hidden[-1], token, state.cache, k)
         if self.drafter is not None:
             return self.drafter.draft(state.ids + [token], k)

@@ -7,14 +7,15 @@ wrappers that only rename and flatten:
                   -> choices (1, T) int64     the greedy token after each fed position (argmax in the graph)
                      margins (1, T) float     top-1 minus top-2 logit there (the exactness rule's; a page leaves it on the GPU)
                      hidden (1, T, C)         the final normed hidden states
+                     embeds (1, T, C)         the embedding of each choice (what the head's first step reads)
                      present_key_i / present_value_i (1, S + T, n_kv, head_dim)
                   T and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
     head_k{k}.onnx  k = 1..K: the head's chain of exactly k drafts (drafting k costs k steps)
-                  hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the
-                  index of the anchor in it; token (1, 1) int64: the base's choice at the anchor;
+                  hidden, embeds (1, T, C) and anchor (1,) int64: the base's outputs as they are, and
+                  the index of the anchor in them (its hidden state, the embedding of its choice);
                   past_key / past_value (1, S, n_kv, head_dim): the base's cache of layer kv_layer,
                   positions 0..anchor -> drafts (1, k) int64, each conditioned on the one before.
-    drafter.onnx  the independent drafter, with the base graph's inputs and outputs.
+    drafter.onnx  the independent drafter, with the base graph's inputs and outputs (but embeds).
 
 Each graph is exported in every precision asked for: fp32, and fp16 (`*.fp16.onnx`: the same modules
 cast to half, every float input and output float16; RMSNorm and softmax compute in fp32 inside).
@@ -24,8 +25,9 @@ operators (com.microsoft domain, kernels on CPU, WASM and WebGPU; `fuse`): 35 % 
 
 Every weight is stored once. A graph file holds only the graph; its weights are ONNX external data in one
 file per model and precision (`base.data`, `head.data`, `drafter.data`, `*.fp16.data`), found by
-content: the head graphs read the embedding and LM head from the base's file, and the six head graphs
-share the head's. A checkpoint saved in fp16 (the shipped ones are) has its fp32 graphs read the fp16
+content: the six head graphs share the head's; a head with a draft vocabulary holds that vocabulary's
+rows of the base's embedding in its own file (a page would otherwise load the whole embedding once per
+head session), one over the whole vocabulary reads it from the base's. A checkpoint saved in fp16 (the shipped ones are) has its fp32 graphs read the fp16
 files too, behind Casts (`half_stored`): one file per model, half the download, the same fp32 values.
 Logits are never an output: the decode loop reads only token ids.
 
@@ -54,28 +56,45 @@ OPSET = 18
 
 
 class BaseGraph(nn.Module):
-    """The base with flat per-layer KV inputs/outputs and the greedy choice and margin computed inside."""
+    """The base with flat per-layer KV inputs/outputs and the greedy choice and margin computed inside;
+    with embeds, also the embedding of each choice (what the head's first draft step reads)."""
 
-    def __init__(self, base: Llama):
+    def __init__(self, base: Llama, embeds: bool = True):
         super().__init__()
-        self.base = base
+        self.base, self.embeds = base, embeds
 
     def forward(self, input_ids, past: list[torch.Tensor]):
         logits, hidden, present = self.base(input_ids, list(zip(past[0::2], past[1::2])))
         choices, margins = greedy(logits[0])  # (T,), (T,)
-        return choices[None], margins[None], hidden, [t for kv in present for t in kv]
+        extra = [self.base.model.embed_tokens(choices)[None]] if self.embeds else []
+        return choices[None], margins[None], hidden, *extra, [t for kv in present for t in kv]
 
 
 class HeadGraph(nn.Module):
-    """The head's chain of k drafts in one graph, reading the base's outputs as they are."""
+    """The head's chain of k drafts in one graph, reading the base's outputs as they are. With a draft
+    vocabulary it holds that vocabulary's rows of the base's embedding (and LM head, when not tied) and
+    nothing else of the base: the base's own choice at the anchor comes embedded (the base graph's
+    `embeds`), so a page never loads the whole embedding a second time."""
 
     def __init__(self, head: MTPHead, base: Llama, k: int):
         super().__init__()
-        self.head, self.base, self.k = head, base, k
+        self.head, self.k = head, k
+        if not head.config.draft_vocab:
+            self.base = base  # the whole vocabulary: the base's embedding and LM head, read from its file
+            self.vocabulary = head.vocabulary(base)
+            return
+        self.register_buffer("draft_rows", base.lm_head.weight[head.d2t].detach().clone())
+        if base.lm_head.weight is base.model.embed_tokens.weight:
+            self.draft_embed = self.draft_rows  # tied: one tensor
+        else:
+            self.register_buffer("draft_embed", base.model.embed_tokens.weight[head.d2t].detach().clone())
+        self.vocabulary = (lambda index: nn.functional.embedding(index, self.draft_embed),
+                           lambda h: nn.functional.linear(h, self.draft_rows))
 
-    def forward(self, hidden, anchor, token, past_key, past_value):
+    def forward(self, hidden, embeds, anchor, past_key, past_value):
         h = hidden.index_select(1, anchor)  # (1, 1, C): the base's hidden state at the anchor
-        return self.head.draft_ids(self.base, h, token, past_key, past_value, self.k)
+        e = embeds.index_select(1, anchor)  # (1, 1, C): the embedding of the base's choice there
+        return self.head.draft_ids(self.vocabulary, h, e, past_key, past_value, self.k)
 
 
 # --- the I/O contract of each graph ------------------------------------------------------------------
@@ -92,7 +111,7 @@ def float_type(module: nn.Module) -> str:
     return str(next(module.parameters()).dtype).removeprefix("torch.").replace("half", "float16")
 
 
-def base_io(base: Llama) -> dict:
+def base_io(base: Llama, embeds: bool = True) -> dict:
     cfg, fl = base.config, float_type(base)
     kv = [cfg.num_key_value_heads, cfg.head_dim]
     layers = range(cfg.num_hidden_layers)
@@ -100,14 +119,15 @@ def base_io(base: Llama) -> dict:
     present = [io(f"present_{kind}_{i}", fl, [1, "S + T", *kv], "gpu") for i in layers for kind in ("key", "value")]
     return {"inputs": [io("input_ids", "int64", [1, "T"])] + past,
             "outputs": [io("choices", "int64", [1, "T"], "cpu"), io("margins", fl, [1, "T"], "gpu"),
-                        io("hidden", fl, [1, "T", cfg.hidden_size], "gpu")] + present}
+                        io("hidden", fl, [1, "T", cfg.hidden_size], "gpu")]
+                       + ([io("embeds", fl, [1, "T", cfg.hidden_size], "gpu")] if embeds else []) + present}
 
 
 def head_io(head: MTPHead, k: int) -> dict:
     cfg, fl = head.config, float_type(head)
     kv = [cfg.num_key_value_heads, cfg.head_dim]
-    return {"inputs": [io("hidden", fl, [1, "T", cfg.hidden_size]), io("anchor", "int64", [1]),
-                       io("token", "int64", [1, 1]), io("past_key", fl, [1, "S", *kv]),
+    return {"inputs": [io("hidden", fl, [1, "T", cfg.hidden_size]), io("embeds", fl, [1, "T", cfg.hidden_size]),
+                       io("anchor", "int64", [1]), io("past_key", fl, [1, "S", *kv]),
                        io("past_value", fl, [1, "S", *kv])],
             "outputs": [io("drafts", "int64", [1, k], "cpu")]}
 
@@ -136,7 +156,7 @@ def to_onnx(module: nn.Module, args: tuple, spec: dict, dynamic_shapes) -> onnx.
     return half_stored(fuse(untranspose(without_provenance(program.model_proto), module)))
 
 
-def export_base(base: Llama) -> tuple[onnx.ModelProto, dict]:
+def export_base(base: Llama, embeds: bool = True) -> tuple[onnx.ModelProto, dict]:
     cfg = base.config
     T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
     S = torch.export.Dim("S", min=0, max=cfg.max_position_embeddings)
@@ -144,8 +164,8 @@ def export_base(base: Llama) -> tuple[onnx.ModelProto, dict]:
     ids = torch.zeros(1, 3, dtype=torch.long)
     dtype = next(base.parameters()).dtype
     past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_hidden_layers)]
-    spec = base_io(base)
-    return to_onnx(BaseGraph(base), (ids, past), spec, ({1: T}, [{1: S}] * len(past))), spec
+    spec = base_io(base, embeds)
+    return to_onnx(BaseGraph(base, embeds), (ids, past), spec, ({1: T}, [{1: S}] * len(past))), spec
 
 
 def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, dict]:
@@ -155,9 +175,9 @@ def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, di
     dtype = next(head.parameters()).dtype
     hidden = torch.zeros(1, 3, cfg.hidden_size, dtype=dtype)
     kv = torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
-    args = (hidden, torch.tensor([2]), torch.tensor([[1]]), kv, kv.clone())
+    args = (hidden, hidden.clone(), torch.tensor([2]), kv, kv.clone())
     spec = head_io(head, k)
-    return to_onnx(HeadGraph(head, base, k), args, spec, ({1: T}, None, None, {1: S}, {1: S})), spec
+    return to_onnx(HeadGraph(head, base, k), args, spec, ({1: T}, {1: T}, None, {1: S}, {1: S})), spec
 
 
 class WeightStore:
@@ -213,7 +233,7 @@ def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out:
             jobs += [(f"head_k{k}", "head", lambda k=k: export_head(h, b, k)) for k in range(1, head.config.k_train + 1)]
         if drafter is not None:
             d = cast(drafter)
-            jobs.append(("drafter", "drafter", lambda: export_base(d)))
+            jobs.append(("drafter", "drafter", lambda: export_base(d, embeds=False)))
         graphs = {}
         for name, owner, make in jobs:
             model, spec = make()

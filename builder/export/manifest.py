@@ -122,7 +122,7 @@ def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = N
     from ..models.head import load_head
     from ..models.llama import load_llama
     from .graphs import export_graphs
-    from .packed import pack
+    from .packed import pack, rows_of
 
     out = Path(out)
     precisions = precisions or tuple(PRECISIONS)
@@ -137,7 +137,13 @@ def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = N
         old.unlink()
     graphs = export_graphs(base, head, drafter, out, precisions)
     # a base imported from a GGUF: its weights also as the file's blocks, what the page downloads
-    packed = pack(out, packed_blocks(ckpts.base)) if (Path(ckpts.base) / SOURCE).is_file() else {}
+    packed = {}
+    if (Path(ckpts.base) / SOURCE).is_file():
+        blocks = packed_blocks(ckpts.base)
+        if head is not None and head.config.draft_vocab:  # the head's rows of the embedding and LM head
+            for weight in {id(w): w for w in (base.model.embed_tokens.weight, base.lm_head.weight)}.values():
+                blocks.update(rows_of(blocks, weight.detach().numpy(), head.d2t.numpy()))
+        packed = pack(out, blocks)
     return write_manifest(ckpts, out, graphs, base, head, drafter, packed)
 
 

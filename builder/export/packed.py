@@ -34,6 +34,16 @@ def external_tensors(out: Path) -> dict[str, set[tuple[int, int]]]:
     return found
 
 
+def rows_of(blocks: dict[str, dict], weight: np.ndarray, rows: np.ndarray) -> dict[str, dict]:
+    """The entry of weight[rows] (fp32), when weight has one in `blocks`: the same blocks, those rows
+    (an MTP head's draft-vocabulary rows of the embedding). {} when it has none."""
+    hit = blocks.get(hashlib.sha256(np.ascontiguousarray(weight, dtype=np.float32).tobytes()).hexdigest())
+    if hit is None:
+        return {}
+    part = np.ascontiguousarray(weight[rows], dtype=np.float32)
+    return {hashlib.sha256(part.tobytes()).hexdigest(): {"kind": hit["kind"], "blocks": np.ascontiguousarray(hit["blocks"][rows])}}
+
+
 def pack(out: Path, blocks: dict[str, dict]) -> dict[str, dict]:
     """Writes <name>.blocks for each fp32 weights file in out/ holding tensors found in `blocks`
     (models/gguf.packed_blocks: sha256 of the fp32 values -> kind and blocks). Returns weights file ->

@@ -181,27 +181,36 @@ class MTPHead(nn.Module):
             z = layer(z, cos, sin, base_k, base_v, base_mask, chain)
         return self.norm(z)
 
+    def vocabulary(self, base: Llama):
+        """The draft vocabulary on the base's weights: (embed: draft index -> its token's embedding,
+        score: hidden -> scores over the draft vocabulary). The ONNX graphs hold only its rows (graphs.py)."""
+        return (lambda index: base.model.embed_tokens(self.token_ids(index))), (lambda h: self.draft_logits(base, h))
+
     @torch.no_grad()
     def draft(self, base: Llama, hidden: torch.Tensor, token: int, cache, k: int) -> list[int]:
         """k greedy drafts after the anchor: hidden (C,) is the base's at the anchor, the last cached
         position; token is the base's choice there (not yet in the cache)."""
         base_k, base_v = cache[self.config.kv_layer]  # (1, S, n_kv, D), positions 0..anchor
-        return self.draft_ids(base, hidden.view(1, 1, -1), torch.tensor([[token]]), base_k, base_v, k)[0].tolist()
+        token_embed = base.model.embed_tokens(torch.tensor([[token]]))
+        return self.draft_ids(self.vocabulary(base), hidden.view(1, 1, -1), token_embed, base_k, base_v, k)[0].tolist()
 
-    def draft_ids(self, base: Llama, hidden, token, base_k, base_v, k: int, anchor=None) -> torch.Tensor:
+    def draft_ids(self, vocabulary, hidden, token_embed, base_k, base_v, k: int, anchor=None) -> torch.Tensor:
         """The draft chain on tensors (also what the ONNX graphs run, unrolled): hidden (1, 1, C) at the
-        anchor, token (1, 1), base_k/v (1, S, n_kv, D) the cache of layer kv_layer -> drafts (1, k).
+        anchor, token_embed (1, 1, C) the embedding of the base's choice there, base_k/v (1, S, n_kv, D) the
+        cache of layer kv_layer -> drafts (1, k); vocabulary: (embed, score) as `vocabulary` returns.
         anchor (1,): the anchor's position in base_k/v, the last (S - 1) by default; later positions are
         masked out, as if the cache had been rolled back to it."""
+        embed, score = vocabulary
         S = base_k.shape[1]
         if anchor is None:
             anchor = torch.arange(S - 1, S, device=base_k.device)
         mask = (torch.arange(S, device=base_k.device) <= anchor)[None]  # (1, S)
-        tok, chains, logits = token, self.new_chains(), []
+        chains, logits = self.new_chains(), []
         for j in range(1, k + 1):
-            hidden = self.step(hidden, base.model.embed_tokens(tok), anchor + j, base_k, base_v, mask, chains)
-            logits.append(self.draft_logits(base, hidden))  # (1, 1, V)
-            tok = self.token_ids(logits[-1].argmax(dim=-1))  # (1, 1): fed to the next step
+            hidden = self.step(hidden, token_embed, anchor + j, base_k, base_v, mask, chains)
+            logits.append(score(hidden))  # (1, 1, V)
+            if j < k:
+                token_embed = embed(logits[-1].argmax(dim=-1))  # (1, 1, C): fed to the next step
         # one argmax over all the chain's logits rather than a concatenation of its token ids:
         # onnxruntime-web's WebGPU EP has no int64 Concat, and on the CPU it would download every draft
         return self.token_ids(torch.cat(logits, dim=1).argmax(dim=-1))  # (1, k)

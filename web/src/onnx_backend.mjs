@@ -5,8 +5,8 @@
 // first k_step of its drafts, as Python does) and the base verifying [token, drafts]. With the drafter:
 // its own cache, one drafter run per draft (drafter.mjs).
 //
-// On WebGPU the KV cache and the hidden states stay on the GPU ('gpu-buffer' outputs) and are fed as they
-// are to the head and to the next base run; rollback is a prefix view of the same buffer, never a copy;
+// On WebGPU the KV cache, the hidden states and the embeddings of the base's choices stay on the GPU
+// ('gpu-buffer' outputs) and are fed as they are to the head and to the next base run; rollback is a prefix view of the same buffer, never a copy;
 // only token ids are read back. The tensors a run returned are disposed once a later run replaced them,
 // and by `close` at the end of the decode.
 
@@ -71,8 +71,9 @@ export class OnnxBackend {
     this.sessions.dispose(out.margins);  // never read: the exactness rule's margins are the Python reference's
     const cache = cacheOf(out, this.kv);
     this.release();  // the run has read the old state: the new one replaces it
-    this.owned = [out.hidden, ...Object.values(cache)];
-    return [Array.from(out.choices.data, Number), { cache, hidden: out.hidden, ids: state.ids.concat(ids) }];
+    this.owned = [out.hidden, out.embeds, ...Object.values(cache)];
+    const choices = Array.from(out.choices.data, Number);
+    return [choices, { cache, hidden: out.hidden, embeds: out.embeds, choices, ids: state.ids.concat(ids) }];
   }
 
   /** Keeps the first nFed of the tokens just verified: prefix views on the sequence axis, no copy. */
@@ -81,13 +82,15 @@ export class OnnxBackend {
     if (drop === 0) return state;
     const keep = state.ids.length - drop;
     return { cache: mapValues(state.cache, (t) => prefix(t, keep)), hidden: prefix(state.hidden, nFed),
-      ids: state.ids.slice(0, keep) };
+      embeds: prefix(state.embeds, nFed), choices: state.choices.slice(0, nFed), ids: state.ids.slice(0, keep) };
   }
 
   async draft(state, token, k) {
     if (this.drafter) return this.drafter.draft(state.ids.concat([token]), k);
     if (!this.head) throw new Error('this backend has no draft source');
-    const feeds = { hidden: state.hidden, anchor: int64([state.hidden.dims[1] - 1], [1]), token: int64([token], [1, 1]),
+    // the prompt's last token, not the base's choice: the graph has only the choices' embeddings (as Python)
+    if (token !== state.choices.at(-1)) return [];
+    const feeds = { hidden: state.hidden, embeds: state.embeds, anchor: int64([state.hidden.dims[1] - 1], [1]),
       ...mapValues(this.headKv, (past) => state.cache[past]) };
     const out = await this.run(this.head, feeds);
     return Array.from(out.drafts.data.subarray(0, k), Number);

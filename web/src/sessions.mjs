@@ -60,7 +60,7 @@ export class Sessions {
     this.onProgress = onProgress;
     this.onLost = onLost;
     this.sessions = {};              // graph name -> promise of its session
-    this.weights = {};               // weights file -> promise of its checked bytes: fetched once per page
+    this.weights = {};               // weights file -> promise of its checked bytes, while a graph to open reads it
     this.queue = Promise.resolve();  // every session.run goes through this one chain
     this.gpuTensors = new Set();     // every GPU tensor a run returned and nobody disposed yet
     this.bufferIds = new WeakMap();  // GPUBuffer -> a number, for traces
@@ -117,9 +117,19 @@ export class Sessions {
         ...(this.backend === 'webgpu' ? { preferredOutputLocation } : {}),
       });
       this.watchDevice();
+      this.releaseWeights(graph.weights);
       return session;
     } catch (e) {
       throw new PageError(`could not open ${graph.file} on ${this.backend}: ${e.message}`);
+    }
+  }
+
+  /** Drops the bytes of those weights files that no graph still to open reads: each session holds its own
+   * copy of what it read (the base's 540 MB of SmolLM2 would otherwise stay in the page twice). */
+  releaseWeights(paths) {
+    const pending = Object.keys(this.graphs).filter((name) => !this.sessions[name]);
+    for (const path of paths) {
+      if (!pending.some((name) => this.graphs[name].weights.includes(path))) delete this.weights[path];
     }
   }
 
