@@ -196,6 +196,11 @@ def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export
             for mode in ("ar", "mtp"):
                 got = page.generate(prompt=text, task=task, mode=mode, k=4, maxNewTokens=n)
                 assert compare_to_reference(ref, got["ids"])[0] != "mismatch", (backend, mode, task, ref.ids, got["ids"])
+        if backend == "webgpu":  # the head reads the base's embedding of its choice as the very GPU buffer
+            trace = page.generate(prompt=PROMPTS[0][1], task=PROMPTS[0][0], mode="mtp", k=4, maxNewTokens=n, trace=True)["trace"]
+            heads = [i for i, r in enumerate(trace) if r["graph"].startswith("head")]
+            assert heads and all(trace[i - 1]["graph"] == "base" and trace[i]["inputs"]["embeds"]["buffer"]
+                                 == trace[i - 1]["outputs"]["embeds"]["buffer"] for i in heads), trace
         assert not [r for r in page.requests if r.endswith("/base.data")]
         assert [r for r in page.requests if r.endswith("/base.blocks")]
         assert page.errors == []

@@ -229,6 +229,12 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
     for p in validation_prompts_of(small, tok)[:4]:
         out, there = (decode(b, p, 12, eos, 3) for b in (TorchBackend(tiny, head=cached), onnx_head))
         assert (out.ids, out.accepted) == (there.ids, there.accepted)
+        # it drafts only after a token the base chose: it has no embedding of any other
+        state = onnx_head.prefill(p[:-1])
+        choice = state.choices[-1]
+        assert len(onnx_head.draft(state, choice, 3)) == 3
+        assert onnx_head.draft(state, (choice + 1) % 300, 3) == []
+        assert out.accepted[0] == 0 or p[-1] == choice
 
 
 def test_batched_distillation_is_each_prompts_own_greedy_decoding(base, tokenizer, validation_prompts):

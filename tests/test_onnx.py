@@ -68,7 +68,7 @@ def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, base, 
             assert past and all(i["dtype"] == dtype for i in past), f"{precision} {graph}: the KV cache is {dtype}"
     where = {o["name"]: o["location"] for g in m["precisions"]["fp32"]["graphs"].values() for o in g["outputs"]}
     assert where["choices"] == where["drafts"] == "cpu", "only token ids (and margins) are read back"
-    assert where["hidden"] == where["embeds"] == "gpu" and all(where[n] == "gpu" for n in m["kv"]["present_outputs"])
+    assert where["hidden"] == "gpu" and all(where[n] == "gpu" for n in m["kv"]["present_outputs"])
     assert m["head"]["k"] == head.config.k_train and m["head"]["kv_layer"] == head.config.kv_layer
     assert m["head"]["by_k"] == {str(k): f"head_k{k}" for k in range(1, 7)}
     assert m["context_length"] == base.config.max_position_embeddings and m["eos_token_id"] == base.config.eos_token_id
@@ -195,8 +195,8 @@ def test_dynamic_axes_are_dynamic(backend, base, length):
 def test_head_graph_drafts_what_the_torch_head_drafts(heads, base, head, length):
     ids = torch.randint(0, base.config.vocab_size, (length + 4,), generator=torch.Generator().manual_seed(length)).tolist()
     with torch.no_grad():
-        logits, hidden, cache = base(torch.tensor([ids[: length + 2]]))
-    token = int(logits[0, -1].argmax())  # the base's choice at the anchor: the token the head drafts after
+        _, hidden, cache = base(torch.tensor([ids[: length + 2]]))
+    token = ids[length + 2]
     for k, backend in heads.items():
         state = backend.prefill(ids[:length])
         _, _, state = backend.verify(state, ids[length:])
@@ -204,8 +204,6 @@ def test_head_graph_drafts_what_the_torch_head_drafts(heads, base, head, length)
         assert backend.draft(state, token, k) == head.draft(base, hidden[0, -1], token, cache, k), f"head_k{k}"
         # near the end of a generation fewer drafts are allowed: the first ones of the same graph
         assert backend.draft(state, token, 1) == head.draft(base, hidden[0, -1], token, cache, 1), f"head_k{k}, 1 draft"
-        # after a token the base did not choose (a prompt's last), the graph has no embedding of it: no drafts
-        assert backend.draft(state, (token + 1) % base.config.vocab_size, k) == []
 
 
 class OracleDrafts:
@@ -244,8 +242,6 @@ def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer
     for p in validation_prompts:
         ids = encode_prompt(tokenizer, p["task"], p["prompt"])
         ref = reference.decoded(ids, 32)
-        with torch.no_grad():  # whether the head drafts at the first step (see below)
-            first = ids[-1] == int(base(torch.tensor([ids[:-1]]))[0][0, -1].argmax())
         for k in range(0, 7):
             b = heads[k] if k else backend
             runs = b.runs
@@ -258,12 +254,8 @@ def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer
                 np.testing.assert_allclose(out.margins, ref.margins, atol=1e-3)
             checked += 1
             head_runs = b.runs - runs - 1 - out.steps  # after the prefill and one verify per step
-            # one a step, but none where no draft is allowed (near the end) or where the head cannot draft:
-            # at the first step, when the prompt's last token is not the base's choice (loop.py)
-            assert (out.steps - 1 - (not first) <= head_runs <= out.steps - (not first)) if k else head_runs == 0, \
+            assert (out.steps - 1 <= head_runs <= out.steps) if k else head_runs == 0, \
                 f"k={k}: {head_runs} head runs for {out.steps} steps: one a step (none where no draft is allowed)"
-            if k and not first:
-                assert out.accepted[0] == 0
     print(f"\nonnx exactness: {checked} decodes, {len(near_ties)} excused near-ties {near_ties}")
     assert len(near_ties) <= checked // 20, f"too many near-tie divergences: {near_ties}"
 

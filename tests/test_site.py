@@ -342,11 +342,7 @@ def test_webgpu_decode_reads_back_only_token_ids_and_feeds_the_head_the_bases_gp
     finally:
         p.close()
     trace = got["trace"]
-    graphs = [r["graph"] for r in trace]
-    # prefill, then head drafts and base verifies (the head drafts only after a token the base chose: at
-    # the first step, where the token is the prompt's last, it may not)
-    assert graphs[0] == "base" and f"head_k{K}" in graphs and all(
-        g == "base" or graphs[i + 1] == "base" for i, g in enumerate(graphs[:-1])), graphs
+    assert [r["graph"] for r in trace[:3]] == ["base", f"head_k{K}", "base"], "prefill, then head drafts, base verifies"
     # 1. GPU read-backs: exactly one per run, each no bigger than that run's int64 token-id output
     id_outputs = [[t for t in r["outputs"].values() if t["location"] == "cpu"] for r in trace]
     assert all(len(outs) == 1 and outs[0]["dtype"] == "int64" for outs in id_outputs), "only token ids on the CPU"
@@ -362,7 +358,6 @@ def test_webgpu_decode_reads_back_only_token_ids_and_feeds_the_head_the_bases_gp
             base_out = trace[i - 1]["outputs"]
             assert trace[i - 1]["graph"] == "base"
             assert run["inputs"]["hidden"]["buffer"] == base_out["hidden"]["buffer"]
-            assert run["inputs"]["embeds"]["buffer"] == base_out["embeds"]["buffer"]
             for name, output in head_kv.items():
                 assert run["inputs"][name]["buffer"] == base_out[output]["buffer"], f"run {i}: {name} is a copy"
         if run["graph"] == "base" and i > 0:  # the next base run reads the cache the last one wrote

@@ -15,10 +15,11 @@ How a decode goes, for a prompt of P tokens:
   prompt token), `drafts` are k guesses of the tokens after it (none in plain decoding). The base's
   greedy choice after each fed token is compared with the next draft: the longest agreeing prefix of
   n drafts is accepted, and the base's own choice after it is taken too, so a step decides n + 1
-  tokens - exactly those plain greedy decoding would decide, one pass instead of n + 1. The MTP head
-  drafts only after a token the base chose (its graphs read that choice's embedding from the base's
-  outputs, not a copy of the embedding): at the first step, only when the prompt's last token is the
-  base's own choice there (a chat template's end usually is); otherwise that step verifies it alone.
+  tokens - exactly those plain greedy decoding would decide, one pass instead of n + 1. An MTP head with
+  a draft vocabulary drafts only after a token the base chose (its graphs read that choice's embedding
+  from the base's outputs, not a copy of the whole embedding): at the first step, only when the
+  prompt's last token is the base's own choice there (a chat template's end is); otherwise that step
+  verifies it alone.
 - the cache is rolled back to the n + 1 fed tokens that were right (a prefix view, no copy).
 `steps` counts the base passes after the prefill: plain decoding takes one per token.
 Decoding stops after `max_new_tokens` tokens, once the end-of-sequence token is decided (it is kept

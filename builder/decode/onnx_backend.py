@@ -29,7 +29,7 @@ from .drafter import IndependentDrafter
 class OnnxState:
     cache: dict[str, np.ndarray]  # past input name -> (1, S, n_kv, head_dim): positions 0..S-1
     hidden: np.ndarray            # (1, T, C) the base's hidden output for the last T fed tokens; the last is the anchor
-    embeds: np.ndarray            # (1, T, C) the embeddings of the base's choices there (the head reads the anchor's)
+    embeds: np.ndarray | None     # (1, T, C) the embeddings of the base's choices there, when a head reads them
     choices: list[int]            # the base's choices there
     ids: list[int]                # the S tokens in the cache
 
@@ -66,7 +66,8 @@ class OnnxBackend:
         self.past = kv["past_inputs"]                               # past_key_0, past_value_0, ..
         self.present = dict(zip(kv["present_outputs"], self.past))  # present name -> past name it feeds
         self.kv_shape = kv["shape"]
-        self.outputs = ["choices", "margins", "hidden", "embeds", *kv["present_outputs"]]
+        base_out = [o["name"] for o in self.graphs["base"]["outputs"]]
+        self.outputs = ["choices", "margins", "hidden", *(["embeds"] if "embeds" in base_out else []), *kv["present_outputs"]]
         self.run_seconds = defaultdict(list)  # "base T=5", "head k=4", ..: the wall time of each such run
         self.base = session("base")
         self.head = self.drafter = None
@@ -74,6 +75,7 @@ class OnnxBackend:
             self.k, self.head = k, session(m["head"]["by_k"][str(k)])
             # head input -> the cache entry it reads (the base's present of the head's KV layer, rolled back)
             self.head_kv = {name: self.present[out] for name, out in m["head"]["kv_inputs"].items()}
+            self.head_embeds = "embeds" in [i["name"] for i in self.graphs[m["head"]["by_k"][str(k)]]["inputs"]]
         elif source == "drafter":
             self.drafter = self.independent_drafter(session("drafter"))
 
@@ -90,9 +92,9 @@ class OnnxBackend:
 
     def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int]):
         feeds = {"input_ids": np.array([ids], dtype=np.int64), **state_cache}
-        choices, margins, hidden, embeds, *present = self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)
-        cache = {self.present[name]: t for name, t in zip(self.outputs[4:], present)}
-        choices = choices[0].tolist()
+        out = dict(zip(self.outputs, self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)))
+        cache = {past: out[name] for name, past in self.present.items()}
+        choices, margins, hidden, embeds = out["choices"][0].tolist(), out["margins"], out["hidden"], out.get("embeds")
         return choices, margins[0].tolist(), OnnxState(cache, hidden, embeds, choices, state_ids + ids)
 
     def prefill(self, ids: list[int]) -> OnnxState:
@@ -108,8 +110,9 @@ class OnnxBackend:
         if drop == 0:
             return state
         keep = len(state.ids) - drop
+        embeds = state.embeds[:, :n_fed] if state.embeds is not None else None
         return OnnxState({name: t[:, :keep] for name, t in state.cache.items()}, state.hidden[:, :n_fed],
-                         state.embeds[:, :n_fed], state.choices[:n_fed], state.ids[:keep])
+                         embeds, state.choices[:n_fed], state.ids[:keep])
 
     def independent_drafter(self, session) -> IndependentDrafter:
         """The drafter graph behind the one drafting logic of builder/decode/drafter.py (its own cache, by prefix)."""
@@ -133,10 +136,13 @@ class OnnxBackend:
             raise ValueError("this backend has no draft source")
         if k > self.k:
             raise ValueError(f"this backend's head graph drafts {self.k} tokens, {k} asked")
-        if token != state.choices[-1]:
-            return []  # the prompt's last token, not the base's choice: the graph has only the choices' embeddings
-        feeds = {"hidden": state.hidden, "embeds": state.embeds,
-                 "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64),
-                 **{name: state.cache[past] for name, past in self.head_kv.items()}}
+        feeds = {"hidden": state.hidden, "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64)}
+        if self.head_embeds:  # a draft vocabulary: the graph reads the embedding of the base's choice
+            if token != state.choices[-1]:
+                return []  # the prompt's last token, not the base's choice: nothing to draft from (loop.py)
+            feeds["embeds"] = state.embeds
+        else:
+            feeds["token"] = np.array([[token]], dtype=np.int64)
+        feeds |= {name: state.cache[past] for name, past in self.head_kv.items()}
         (drafts,) = self._run(self.head, f"head k={self.k}", ["drafts"], feeds)
         return drafts[0, :k].tolist()  # the graph of the mode's k; near the end only its first k are allowed

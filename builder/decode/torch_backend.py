@@ -34,7 +34,7 @@ class TorchBackend:
     """The decode loop's interface over the PyTorch base and, optionally, one draft source:
 
     `head`: anything with draft(base, hidden, token, cache, k) -> list[int] that reads the base's state,
-    such as the MTP head (which drafts only after the base's own choice: see `draft`); `drafter`: anything with draft(context_ids, k) -> list[int] that reads only
+    such as the MTP head (with a draft vocabulary, only after the base's own choice: see `draft`); `drafter`: anything with draft(context_ids, k) -> list[int] that reads only
     tokens, such as the independent drafter (drafter.py).
     """
 
@@ -65,8 +65,8 @@ class TorchBackend:
 
     def draft(self, state: TorchState, token: int, k: int) -> list[int]:
         if self.head is not None:
-            if isinstance(self.head, MTPHead) and token != state.choices[-1]:
-                return []  # as its graphs, which embed only the base's choices (onnx_backend.py; loop.py)
+            if isinstance(self.head, MTPHead) and self.head.config.draft_vocab and token != state.choices[-1]:
+                return []  # as its graphs, which embed only the base's choices (graphs.HeadGraph; loop.py)
             return self.head.draft(self.base, state.hidden[-1], token, state.cache, k)
         if self.drafter is not None:
             return self.drafter.draft(state.ids + [token], k)

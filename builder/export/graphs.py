@@ -7,12 +7,14 @@ wrappers that only rename and flatten:
                   -> choices (1, T) int64     the greedy token after each fed position (argmax in the graph)
                      margins (1, T) float     top-1 minus top-2 logit there (the exactness rule's; a page leaves it on the GPU)
                      hidden (1, T, C)         the final normed hidden states
-                     embeds (1, T, C)         the embedding of each choice (what the head's first step reads)
+                     embeds (1, T, C)         the embedding of each choice (with a head that reads it)
                      present_key_i / present_value_i (1, S + T, n_kv, head_dim)
                   T and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
     head_k{k}.onnx  k = 1..K: the head's chain of exactly k drafts (drafting k costs k steps)
-                  hidden, embeds (1, T, C) and anchor (1,) int64: the base's outputs as they are, and
-                  the index of the anchor in them (its hidden state, the embedding of its choice);
+                  hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the
+                  index of the anchor in it; token (1, 1) int64: the token after the anchor - or, for
+                  a head with a draft vocabulary, embeds (1, T, C): the base's output as it is (the
+                  embedding of its choice at the anchor is the head's first input);
                   past_key / past_value (1, S, n_kv, head_dim): the base's cache of layer kv_layer,
                   positions 0..anchor -> drafts (1, k) int64, each conditioned on the one before.
     drafter.onnx  the independent drafter, with the base graph's inputs and outputs (but embeds).
@@ -25,9 +27,9 @@ operators (com.microsoft domain, kernels on CPU, WASM and WebGPU; `fuse`): 35 % 
 
 Every weight is stored once. A graph file holds only the graph; its weights are ONNX external data in one
 file per model and precision (`base.data`, `head.data`, `drafter.data`, `*.fp16.data`), found by
-content: the six head graphs share the head's; a head with a draft vocabulary holds that vocabulary's
-rows of the base's embedding in its own file (a page would otherwise load the whole embedding once per
-head session), one over the whole vocabulary reads it from the base's. A checkpoint saved in fp16 (the shipped ones are) has its fp32 graphs read the fp16
+content: the six head graphs share the head's; a head over the whole vocabulary reads the embedding
+and LM head from the base's file, a head with a draft vocabulary holds that vocabulary's rows of them
+in its own (a page would otherwise load the whole embedding once more per head session). A checkpoint saved in fp16 (the shipped ones are) has its fp32 graphs read the fp16
 files too, behind Casts (`half_stored`): one file per model, half the download, the same fp32 values.
 Logits are never an output: the decode loop reads only token ids.
 
@@ -71,16 +73,19 @@ class BaseGraph(nn.Module):
 
 
 class HeadGraph(nn.Module):
-    """The head's chain of k drafts in one graph, reading the base's outputs as they are. With a draft
-    vocabulary it holds that vocabulary's rows of the base's embedding (and LM head, when not tied) and
-    nothing else of the base: the base's own choice at the anchor comes embedded (the base graph's
-    `embeds`), so a page never loads the whole embedding a second time."""
+    """The head's chain of k drafts in one graph, reading the base's outputs as they are.
+
+    A head over the whole vocabulary reads the base's embedding and LM head (from the base's file) and
+    takes the token after the anchor as an id (`token`). A head with a draft vocabulary holds only that
+    vocabulary's rows of them and takes the base's choice at the anchor already embedded (`embeds`, the
+    base graph's output): a page never loads the whole embedding a second time, and such a head drafts
+    only after a token the base chose (loop.py)."""
 
     def __init__(self, head: MTPHead, base: Llama, k: int):
         super().__init__()
         self.head, self.k = head, k
         if not head.config.draft_vocab:
-            self.base = base  # the whole vocabulary: the base's embedding and LM head, read from its file
+            self.base = base
             self.vocabulary = head.vocabulary(base)
             return
         self.register_buffer("draft_rows", base.lm_head.weight[head.d2t].detach().clone())
@@ -91,9 +96,12 @@ class HeadGraph(nn.Module):
         self.vocabulary = (lambda index: nn.functional.embedding(index, self.draft_embed),
                            lambda h: nn.functional.linear(h, self.draft_rows))
 
-    def forward(self, hidden, embeds, anchor, past_key, past_value):
+    def forward(self, hidden, token_or_embeds, anchor, past_key, past_value):
         h = hidden.index_select(1, anchor)  # (1, 1, C): the base's hidden state at the anchor
-        e = embeds.index_select(1, anchor)  # (1, 1, C): the embedding of the base's choice there
+        if self.head.config.draft_vocab:  # (1, T, C) the embeddings of the base's choices: the anchor's
+            e = token_or_embeds.index_select(1, anchor)
+        else:  # (1, 1) the token after the anchor
+            e = self.base.model.embed_tokens(token_or_embeds)
         return self.head.draft_ids(self.vocabulary, h, e, past_key, past_value, self.k)
 
 
@@ -126,8 +134,9 @@ def base_io(base: Llama, embeds: bool = True) -> dict:
 def head_io(head: MTPHead, k: int) -> dict:
     cfg, fl = head.config, float_type(head)
     kv = [cfg.num_key_value_heads, cfg.head_dim]
-    return {"inputs": [io("hidden", fl, [1, "T", cfg.hidden_size]), io("embeds", fl, [1, "T", cfg.hidden_size]),
-                       io("anchor", "int64", [1]), io("past_key", fl, [1, "S", *kv]),
+    token = io("embeds", fl, [1, "T", cfg.hidden_size]) if cfg.draft_vocab else io("token", "int64", [1, 1])
+    return {"inputs": [io("hidden", fl, [1, "T", cfg.hidden_size]), token, io("anchor", "int64", [1]),
+                       io("past_key", fl, [1, "S", *kv]),
                        io("past_value", fl, [1, "S", *kv])],
             "outputs": [io("drafts", "int64", [1, k], "cpu")]}
 
@@ -175,9 +184,10 @@ def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, di
     dtype = next(head.parameters()).dtype
     hidden = torch.zeros(1, 3, cfg.hidden_size, dtype=dtype)
     kv = torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
-    args = (hidden, hidden.clone(), torch.tensor([2]), kv, kv.clone())
+    token, token_axes = (hidden.clone(), {1: T}) if head.config.draft_vocab else (torch.tensor([[1]]), None)
+    args = (hidden, token, torch.tensor([2]), kv, kv.clone())
     spec = head_io(head, k)
-    return to_onnx(HeadGraph(head, base, k), args, spec, ({1: T}, {1: T}, None, {1: S}, {1: S})), spec
+    return to_onnx(HeadGraph(head, base, k), args, spec, ({1: T}, token_axes, None, {1: S}, {1: S})), spec
 
 
 class WeightStore:
@@ -227,7 +237,8 @@ def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out:
         cast = (lambda m: copy.deepcopy(m).half()) if precision == "fp16" else (lambda m: m)
         suffix = ".fp16" if precision == "fp16" else ""
         b = cast(base)
-        jobs = [("base", "base", lambda: export_base(b))]
+        embeds = head is not None and bool(head.config.draft_vocab)  # what such a head reads (HeadGraph)
+        jobs = [("base", "base", lambda: export_base(b, embeds))]
         if head is not None:
             h = cast(head)
             jobs += [(f"head_k{k}", "head", lambda k=k: export_head(h, b, k)) for k in range(1, head.config.k_train + 1)]

@@ -51,6 +51,7 @@ export class OnnxBackend {
     // head input -> the cache entry it reads (the base's present of the head's KV layer, rolled back)
     const pastOf = (present) => m.kv.past_inputs[m.kv.present_outputs.indexOf(present)];
     this.headKv = this.head ? mapValues(m.head.kv_inputs, pastOf) : {};
+    this.headEmbeds = !!this.head && sessions.graphs[this.head].inputs.some((i) => i.name === 'embeds');
     this.drafter = source === 'drafter' ? this.independentDrafter(m.drafter.kv) : null;
     this.graphs = ['base', ...(this.head ? [this.head] : []), ...(this.drafter ? ['drafter'] : [])];
     this.owned = [];  // the GPU tensors of the latest state: disposed when the next base run replaces them
@@ -71,7 +72,7 @@ export class OnnxBackend {
     this.sessions.dispose(out.margins);  // never read: the exactness rule's margins are the Python reference's
     const cache = cacheOf(out, this.kv);
     this.release();  // the run has read the old state: the new one replaces it
-    this.owned = [out.hidden, out.embeds, ...Object.values(cache)];
+    this.owned = [out.hidden, ...(out.embeds ? [out.embeds] : []), ...Object.values(cache)];
     const choices = Array.from(out.choices.data, Number);
     return [choices, { cache, hidden: out.hidden, embeds: out.embeds, choices, ids: state.ids.concat(ids) }];
   }
@@ -82,16 +83,21 @@ export class OnnxBackend {
     if (drop === 0) return state;
     const keep = state.ids.length - drop;
     return { cache: mapValues(state.cache, (t) => prefix(t, keep)), hidden: prefix(state.hidden, nFed),
-      embeds: prefix(state.embeds, nFed), choices: state.choices.slice(0, nFed), ids: state.ids.slice(0, keep) };
+      embeds: state.embeds && prefix(state.embeds, nFed), choices: state.choices.slice(0, nFed), ids: state.ids.slice(0, keep) };
   }
 
   async draft(state, token, k) {
     if (this.drafter) return this.drafter.draft(state.ids.concat([token]), k);
     if (!this.head) throw new Error('this backend has no draft source');
-    // the prompt's last token, not the base's choice: the graph has only the choices' embeddings (as Python)
-    if (token !== state.choices.at(-1)) return [];
-    const feeds = { hidden: state.hidden, embeds: state.embeds, anchor: int64([state.hidden.dims[1] - 1], [1]),
+    const feeds = { hidden: state.hidden, anchor: int64([state.hidden.dims[1] - 1], [1]),
       ...mapValues(this.headKv, (past) => state.cache[past]) };
+    if (this.headEmbeds) {  // a draft vocabulary: the graph reads the embedding of the base's choice
+      // the prompt's last token, not the base's choice: nothing to draft from (as Python, loop.py)
+      if (token !== state.choices.at(-1)) return [];
+      feeds.embeds = state.embeds;
+    } else {
+      feeds.token = int64([token], [1, 1]);
+    }
     const out = await this.run(this.head, feeds);
     return Array.from(out.drafts.data.subarray(0, k), Number);
   }
