@@ -1,0 +1,141 @@
+"""The bench's transformers.js peer: SmolLM2 in @huggingface/transformers, in the same headless Chromium.
+
+transformers.js (4.3.1, bench/transformersjs/package.json: bench-only, never in the site) runs a local
+ONNX export of the project's base (hf_onnx.py: fp32, exported from models/llama.py, so its greedy tokens
+should equal the PyTorch reference's up to float rounding) on onnxruntime-web's WASM backend with the
+same threads as our page (1, or the page's max). Unlike wllama (llama.cpp on the quantized GGUF) it
+computes the same fp32 values as our fp32 page: a peer for the runtime, not for the weights' format.
+
+Timed in the page as peers.py's wllama: prefill_ms is the call until the first new token, decode_ms from
+there to the last, tokens_per_s = (new tokens - 1) / decode seconds; the same PeerResult, "timings" None.
+
+The harness serves web/peers/, the package's self-contained browser build (dist/transformers.js, which
+bundles onnxruntime-web's JavaScript), the onnxruntime-web WebAssembly binary of the version it bundles,
+and the export, from a temporary folder on 127.0.0.1 with serve.py's handler (COOP/COEP: WASM threads).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+from ..site.serve import Handler, Server
+from .hf_onnx import MODEL_ID, export_hf_onnx
+from .peers import PEERS_DIR, ROOT, PeerResult, Threads
+
+PACKAGE_DIR = ROOT / "bench" / "transformersjs"  # its own npm project: `npm ci` there (.ci/setup)
+TRANSFORMERS_DIR = PACKAGE_DIR / "node_modules" / "@huggingface" / "transformers"
+WASM = "ort-wasm-simd-threaded.asyncify.wasm"  # the onnxruntime-web build transformers.js loads by default
+SMOL_DIR = ROOT / "models" / "smollm2"
+
+
+def transformersjs_version() -> str:
+    return json.loads((TRANSFORMERS_DIR / "package.json").read_text())["version"]
+
+
+def onnxruntime_web_dir() -> Path:
+    """The onnxruntime-web package whose version transformers.js bundles."""
+    wanted = json.loads((TRANSFORMERS_DIR / "package.json").read_text())["dependencies"]["onnxruntime-web"]
+    for d in (TRANSFORMERS_DIR / "node_modules" / "onnxruntime-web", PACKAGE_DIR / "node_modules" / "onnxruntime-web"):
+        if (d / "package.json").is_file() and json.loads((d / "package.json").read_text())["version"] == wanted:
+            return d
+    raise FileNotFoundError(f"onnxruntime-web {wanted} (the one transformers.js bundles) is missing: cd bench/transformersjs && npm ci")
+
+
+@contextmanager
+def serve_transformersjs(model_root: Path | None = None) -> Iterator[str]:
+    """web/peers/'s transformers.js page, the package's browser build, its WASM binary and the export
+    (model_root/<MODEL_ID>/, hf_onnx's; exported or found in build/ when None) on a free port of
+    127.0.0.1; yields the URL of transformersjs.html. Large files are linked, not copied."""
+    build = TRANSFORMERS_DIR / "dist" / "transformers.js"
+    if not build.is_file():
+        raise FileNotFoundError(f"{build} is missing: cd bench/transformersjs && npm ci")
+    wasm = onnxruntime_web_dir() / "dist" / WASM
+    model_root = model_root or export_hf_onnx(SMOL_DIR)
+    with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        root = Path(tmp)
+        for name in ("transformersjs.html", "transformersjs.mjs"):
+            shutil.copyfile(PEERS_DIR / name, root / name)
+        (root / "transformers").mkdir()
+        (root / "models").mkdir()
+        os.symlink(build, root / "transformers" / "transformers.js")
+        os.symlink(wasm, root / "transformers" / WASM)
+        os.symlink(Path(model_root).resolve() / MODEL_ID, root / "models" / MODEL_ID)
+        server = Server(("127.0.0.1", 0), partial(Handler, directory=str(root)))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/transformersjs.html"
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def run_transformersjs(browser, prompts: list[list[int]], n_predict: int, threads: Threads = 1,
+                       model_root: Path | None = None, warmup: bool = True, timeout_ms: float = 600_000) -> dict:
+    """transformers.js in a fresh page of `browser` (a Playwright Browser): loads the export with `threads`
+    WASM threads, decodes up to n_predict tokens greedily after each prompt (lists of token ids, as given:
+    no BOS added; the end token stops it), one prompt after another. A warm-up run of the first prompt
+    (4 tokens) goes first unless warmup is False. Returns {"transformersjs_info": {...}, "results": [PeerResult]}."""
+    with serve_transformersjs(model_root) as url:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.set_default_timeout(timeout_ms)
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            origin = url.rsplit("/", 1)[0] + "/"  # nothing from a hub or a CDN: every http(s) request stays here
+            page.on("request", lambda r: r.url.startswith("http") and not r.url.startswith(origin)
+                    and errors.append(f"a request off 127.0.0.1: {r.url}"))
+            page.goto(url)
+            page.wait_for_function("window.peer !== undefined")
+            info = page.evaluate("(t) => window.peer.load({ n_threads: t })", threads)
+            info["package_version"] = transformersjs_version()
+            if warmup and prompts:
+                page.evaluate("([p, n]) => window.peer.generate(p, n)", [prompts[0], 4])
+            results: list[PeerResult] = [page.evaluate("([p, n]) => window.peer.generate(p, n)", [p, n_predict])
+                                         for p in prompts]
+            if errors:
+                raise RuntimeError(f"the transformers.js page failed: {errors[0]}")
+            return {"transformersjs_info": info, "results": results}
+        finally:
+            context.close()
+
+
+def bench_transformersjs(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
+                         model_dir: Path = SMOL_DIR) -> dict:
+    """transformers.js on n_per_task validation prompts of each task (chat-formatted by the project's
+    tokenizer), at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness rule)."""
+    from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
+    from ..data.tasks import encode_prompt, load_tokenizer
+    from ..decode.loop import compare_to_reference
+    from ..decode.torch_backend import decode_ar
+    from ..models.llama import load_config, load_llama
+    from ..site.browser import chromium
+
+    tok = load_tokenizer(model_dir)
+    prompts = validation_prompts(load_corpus(HEAD_SOURCES), n_per_task, tasks=tuple(tok.tasks))
+    ids = [encode_prompt(tok, p["task"], p["prompt"]) for p in prompts]
+    model, eos = load_llama(model_dir), load_config(model_dir)["eos_token_id"]
+    refs = [decode_ar(model, p, new_tokens, eos) for p in ids]
+    model_root = export_hf_onnx(model_dir)
+    out: dict = {"new_tokens": new_tokens, "runs": []}
+    with chromium() as browser:
+        for t in threads:
+            run = run_transformersjs(browser, ids, new_tokens, t, model_root)
+            for p, ref, r in zip(prompts, refs, run["results"]):
+                r["task"], r["reference"] = p["task"], ref.ids
+                r["verdict"], r["first_difference"] = compare_to_reference(ref, r["ids"])
+                i = r["first_difference"]  # the reference's top-1 minus top-2 logit there: how close a call
+                r["reference_margin"] = ref.margins[i] if i is not None and i < len(ref.margins) else None
+            out["runs"].append(run)
+    return out
+
+
+if __name__ == "__main__":  # python -m builder.bench.transformersjs > tjs.json
+    print(json.dumps(bench_transformersjs(), indent=1))
