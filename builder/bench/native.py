@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .peers import ROOT, Threads, base_gguf
+from .peers import ROOT, Threads, base_gguf, judge, references
 
 NATIVE_DIR = ROOT / "bench" / "native"
 SCRIPT = NATIVE_DIR / "llamacpp.mjs"
@@ -61,27 +61,8 @@ def bench_llamacpp(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Thr
     """llama.cpp native on n_per_task validation prompts of each task (chat-formatted by the project's
     tokenizer), at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness
     rule): bench_wllama's prompts, new tokens and verdicts."""
-    from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
-    from ..data.tasks import encode_prompt, load_tokenizer
-    from ..decode.loop import compare_to_reference
-    from ..decode.torch_backend import decode_ar
-    from ..models.llama import load_config, load_llama
-
-    tok = load_tokenizer(model_dir)
-    prompts = validation_prompts(load_corpus(HEAD_SOURCES), n_per_task, tasks=tuple(tok.tasks))
-    ids = [encode_prompt(tok, p["task"], p["prompt"]) for p in prompts]
-    model, eos = load_llama(model_dir), load_config(model_dir)["eos_token_id"]
-    refs = [decode_ar(model, p, new_tokens, eos) for p in ids]
-    out: dict = {"new_tokens": new_tokens, "runs": []}
-    for t in threads:
-        run = run_llamacpp(ids, new_tokens, t)
-        for p, ref, r in zip(prompts, refs, run["results"]):
-            r["task"], r["reference"] = p["task"], ref.ids
-            r["verdict"], r["first_difference"] = compare_to_reference(ref, r["ids"])
-            i = r["first_difference"]  # the reference's top-1 minus top-2 logit there: how close a call
-            r["reference_margin"] = ref.margins[i] if i is not None and i < len(ref.margins) else None
-        out["runs"].append(run)
-    return out
+    prompts, ids, refs = references(model_dir, n_per_task, new_tokens)
+    return {"new_tokens": new_tokens, "runs": [judge(run_llamacpp(ids, new_tokens, t), prompts, refs) for t in threads]}
 
 
 if __name__ == "__main__":  # python -m builder.bench.native > llamacpp.json

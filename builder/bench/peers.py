@@ -70,13 +70,72 @@ def serve_wllama(gguf: Path | None = None) -> Iterator[str]:
         shutil.copyfile(WLLAMA_DIR / "esm" / "index.js", root / "wllama" / "index.js")
         shutil.copyfile(WLLAMA_DIR / "esm" / "wasm" / "wllama.wasm", root / "wllama" / "wasm" / "wllama.wasm")
         os.symlink((gguf or base_gguf()).resolve(), root / "model.gguf")
-        server = Server(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/wllama.html"
-        finally:
-            server.shutdown()
-            server.server_close()
+        with serving(root) as url:
+            yield url + "wllama.html"
+
+
+@contextmanager
+def serving(root: Path) -> Iterator[str]:
+    """A peer's folder on a free port of 127.0.0.1 with serve.py's handler (COOP/COEP); yields its URL."""
+    server = Server(("127.0.0.1", 0), partial(Handler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def run_page(browser, url: str, name: str, prompts: list[list[int]], n_predict: int, threads: Threads,
+             warmup: bool, timeout_ms: float, on_page=None) -> tuple[dict, list[PeerResult]]:
+    """A peer page's window.peer in a fresh context: load with `threads`, an optional warm-up of the first
+    prompt (4 tokens), then n_predict greedy tokens after each prompt. on_page(page, errors) may watch it."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(timeout_ms)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        if on_page:
+            on_page(page, errors)
+        page.goto(url)
+        page.wait_for_function("window.peer !== undefined")
+        info = page.evaluate("(t) => window.peer.load({ n_threads: t })", threads)
+        if warmup and prompts:
+            page.evaluate("([p, n]) => window.peer.generate(p, n)", [prompts[0], 4])
+        results = [page.evaluate("([p, n]) => window.peer.generate(p, n)", [p, n_predict]) for p in prompts]
+        if errors:
+            raise RuntimeError(f"the {name} page failed: {errors[0]}")
+        return info, results
+    finally:
+        context.close()
+
+
+def references(model_dir: Path, n_per_task: int, new_tokens: int):
+    """n_per_task validation prompts of each task (chat-formatted by the project's tokenizer): the prompts,
+    their token ids and the PyTorch reference's greedy decodes of them."""
+    from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
+    from ..data.tasks import encode_prompt, load_tokenizer
+    from ..decode.torch_backend import decode_ar
+    from ..models.llama import load_config, load_llama
+
+    tok = load_tokenizer(model_dir)
+    prompts = validation_prompts(load_corpus(HEAD_SOURCES), n_per_task, tasks=tuple(tok.tasks))
+    ids = [encode_prompt(tok, p["task"], p["prompt"]) for p in prompts]
+    model, eos = load_llama(model_dir), load_config(model_dir)["eos_token_id"]
+    return prompts, ids, [decode_ar(model, p, new_tokens, eos) for p in ids]
+
+
+def judge(run: dict, prompts: list[dict], refs) -> dict:
+    """Each result of a peer's run set against the reference (CONTRACT.md's exactness rule), in place."""
+    from ..decode.loop import compare_to_reference
+
+    for p, ref, r in zip(prompts, refs, run["results"]):
+        r["task"], r["reference"] = p["task"], ref.ids
+        r["verdict"], r["first_difference"] = compare_to_reference(ref, r["ids"])
+        i = r["first_difference"]  # the reference's top-1 minus top-2 logit there: how close a call
+        r["reference_margin"] = ref.margins[i] if i is not None and i < len(ref.margins) else None
+    return run
 
 
 def run_wllama(browser, prompts: list[list[int]], n_predict: int, threads: Threads = 1,
@@ -86,54 +145,20 @@ def run_wllama(browser, prompts: list[list[int]], n_predict: int, threads: Threa
     of token ids, as given: no BOS added), one prompt after another. A warm-up run of the first prompt
     (4 tokens) goes first unless warmup is False. Returns {"wllama_info": {...}, "results": [PeerResult]}."""
     with serve_wllama(gguf) as url:
-        context = browser.new_context()
-        try:
-            page = context.new_page()
-            page.set_default_timeout(timeout_ms)
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(url)
-            page.wait_for_function("window.peer !== undefined")
-            info = page.evaluate("(t) => window.peer.load({ n_threads: t })", threads)
-            info["version"] = wllama_version()
-            if warmup and prompts:
-                page.evaluate("([p, n]) => window.peer.generate(p, n)", [prompts[0], 4])
-            results: list[PeerResult] = [page.evaluate("([p, n]) => window.peer.generate(p, n)", [p, n_predict])
-                                         for p in prompts]
-            if errors:
-                raise RuntimeError(f"the wllama page failed: {errors[0]}")
-            return {"wllama_info": info, "results": results}
-        finally:
-            context.close()
+        info, results = run_page(browser, url, "wllama", prompts, n_predict, threads, warmup, timeout_ms)
+    return {"wllama_info": {**info, "version": wllama_version()}, "results": results}
 
 
 def bench_wllama(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
                  model_dir: Path = ROOT / "models" / "smollm2") -> dict:
     """wllama on n_per_task validation prompts of each task (chat-formatted by the project's tokenizer),
     at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness rule)."""
-    from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
-    from ..data.tasks import encode_prompt, load_tokenizer
-    from ..decode.loop import compare_to_reference
-    from ..decode.torch_backend import decode_ar
-    from ..models.llama import load_config, load_llama
     from ..site.browser import chromium
 
-    tok = load_tokenizer(model_dir)
-    prompts = validation_prompts(load_corpus(HEAD_SOURCES), n_per_task, tasks=tuple(tok.tasks))
-    ids = [encode_prompt(tok, p["task"], p["prompt"]) for p in prompts]
-    model, eos = load_llama(model_dir), load_config(model_dir)["eos_token_id"]
-    refs = [decode_ar(model, p, new_tokens, eos) for p in ids]
-    out: dict = {"new_tokens": new_tokens, "runs": []}
+    prompts, ids, refs = references(model_dir, n_per_task, new_tokens)
     with chromium() as browser:
-        for t in threads:
-            run = run_wllama(browser, ids, new_tokens, t)
-            for p, ref, r in zip(prompts, refs, run["results"]):
-                r["task"], r["reference"] = p["task"], ref.ids
-                r["verdict"], r["first_difference"] = compare_to_reference(ref, r["ids"])
-                i = r["first_difference"]  # the reference's top-1 minus top-2 logit there: how close a call
-                r["reference_margin"] = ref.margins[i] if i is not None and i < len(ref.margins) else None
-            out["runs"].append(run)
-    return out
+        return {"new_tokens": new_tokens, "runs": [judge(run_wllama(browser, ids, new_tokens, t), prompts, refs)
+                                                   for t in threads]}
 
 
 if __name__ == "__main__":  # python -m builder.bench.peers > wllama.json

@@ -19,15 +19,12 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 
-from ..site.serve import Handler, Server
 from .hf_onnx import MODEL_ID, export_hf_onnx
-from .peers import PEERS_DIR, ROOT, PeerResult, Threads
+from .peers import PEERS_DIR, ROOT, Threads, judge, references, run_page, serving
 
 PACKAGE_DIR = ROOT / "bench" / "transformersjs"  # its own npm project: `npm ci` there (.ci/setup)
 TRANSFORMERS_DIR = PACKAGE_DIR / "node_modules" / "@huggingface" / "transformers"
@@ -67,13 +64,8 @@ def serve_transformersjs(model_root: Path | None = None) -> Iterator[str]:
         os.symlink(build, root / "transformers" / "transformers.js")
         os.symlink(wasm, root / "transformers" / WASM)
         os.symlink(Path(model_root).resolve() / MODEL_ID, root / "models" / MODEL_ID)
-        server = Server(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/transformersjs.html"
-        finally:
-            server.shutdown()
-            server.server_close()
+        with serving(root) as url:
+            yield url + "transformersjs.html"
 
 
 def run_transformersjs(browser, prompts: list[list[int]], n_predict: int, threads: Threads = 1,
@@ -82,59 +74,27 @@ def run_transformersjs(browser, prompts: list[list[int]], n_predict: int, thread
     WASM threads, decodes up to n_predict tokens greedily after each prompt (lists of token ids, as given:
     no BOS added; the end token stops it), one prompt after another. A warm-up run of the first prompt
     (4 tokens) goes first unless warmup is False. Returns {"transformersjs_info": {...}, "results": [PeerResult]}."""
+    def offsite(page, errors):  # nothing from a hub or a CDN: every http(s) request stays on the server
+        page.on("request", lambda r: r.url.startswith("http") and not r.url.startswith(origin)
+                and errors.append(f"a request off 127.0.0.1: {r.url}"))
+
     with serve_transformersjs(model_root) as url:
-        context = browser.new_context()
-        try:
-            page = context.new_page()
-            page.set_default_timeout(timeout_ms)
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            origin = url.rsplit("/", 1)[0] + "/"  # nothing from a hub or a CDN: every http(s) request stays here
-            page.on("request", lambda r: r.url.startswith("http") and not r.url.startswith(origin)
-                    and errors.append(f"a request off 127.0.0.1: {r.url}"))
-            page.goto(url)
-            page.wait_for_function("window.peer !== undefined")
-            info = page.evaluate("(t) => window.peer.load({ n_threads: t })", threads)
-            info["package_version"] = transformersjs_version()
-            if warmup and prompts:
-                page.evaluate("([p, n]) => window.peer.generate(p, n)", [prompts[0], 4])
-            results: list[PeerResult] = [page.evaluate("([p, n]) => window.peer.generate(p, n)", [p, n_predict])
-                                         for p in prompts]
-            if errors:
-                raise RuntimeError(f"the transformers.js page failed: {errors[0]}")
-            return {"transformersjs_info": info, "results": results}
-        finally:
-            context.close()
+        origin = url.rsplit("/", 1)[0] + "/"
+        info, results = run_page(browser, url, "transformers.js", prompts, n_predict, threads, warmup, timeout_ms, offsite)
+    return {"transformersjs_info": {**info, "package_version": transformersjs_version()}, "results": results}
 
 
 def bench_transformersjs(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
                          model_dir: Path = SMOL_DIR) -> dict:
     """transformers.js on n_per_task validation prompts of each task (chat-formatted by the project's
     tokenizer), at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness rule)."""
-    from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
-    from ..data.tasks import encode_prompt, load_tokenizer
-    from ..decode.loop import compare_to_reference
-    from ..decode.torch_backend import decode_ar
-    from ..models.llama import load_config, load_llama
     from ..site.browser import chromium
 
-    tok = load_tokenizer(model_dir)
-    prompts = validation_prompts(load_corpus(HEAD_SOURCES), n_per_task, tasks=tuple(tok.tasks))
-    ids = [encode_prompt(tok, p["task"], p["prompt"]) for p in prompts]
-    model, eos = load_llama(model_dir), load_config(model_dir)["eos_token_id"]
-    refs = [decode_ar(model, p, new_tokens, eos) for p in ids]
+    prompts, ids, refs = references(model_dir, n_per_task, new_tokens)
     model_root = export_hf_onnx(model_dir)
-    out: dict = {"new_tokens": new_tokens, "runs": []}
     with chromium() as browser:
-        for t in threads:
-            run = run_transformersjs(browser, ids, new_tokens, t, model_root)
-            for p, ref, r in zip(prompts, refs, run["results"]):
-                r["task"], r["reference"] = p["task"], ref.ids
-                r["verdict"], r["first_difference"] = compare_to_reference(ref, r["ids"])
-                i = r["first_difference"]  # the reference's top-1 minus top-2 logit there: how close a call
-                r["reference_margin"] = ref.margins[i] if i is not None and i < len(ref.margins) else None
-            out["runs"].append(run)
-    return out
+        return {"new_tokens": new_tokens, "runs": [judge(run_transformersjs(browser, ids, new_tokens, t, model_root),
+                                                         prompts, refs) for t in threads]}
 
 
 if __name__ == "__main__":  # python -m builder.bench.transformersjs > tjs.json
