@@ -280,9 +280,9 @@ def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
     weights = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731 (tied counted once)
     kv = lambda c: 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # noqa: E731 fp32 K and V
     hc = head.config
-    # a draft vocabulary: its graphs hold those rows of the base's embedding (and LM head, if not tied)
-    rows = {id(w): w[: hc.draft_vocab] for w in (base.model.embed_tokens.weight, base.lm_head.weight)} if hc.draft_vocab else {}
-    return {"base_weights_bytes": weights(base), "mtp_weights_bytes": weights(head) + sum(r.numel() * 4 for r in rows.values()),
+    # a draft vocabulary: its graphs hold those rows of the base's embedding (and LM head, if not tied), fp32
+    rows = hc.draft_vocab * base.config.hidden_size * 4 * (1 if base.config.tie_word_embeddings else 2)
+    return {"base_weights_bytes": weights(base), "mtp_weights_bytes": weights(head) + rows,
             "drafter_weights_bytes": weights(drafter),
             "kv_bytes_per_token_base": kv(base.config), "kv_bytes_per_token_drafter": kv(drafter.config),
             # the head keeps no cache of the sequence: only its own chain's keys and values during one step
