@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .bench.run import RUNTIMES
+from .bench.run import PEERS, RUNTIMES
 from .data.tasks import ALL_TASKS, TASKS
 from .decode.drafter import DRAFTER_K_MAX
 from .decode.loop import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES
@@ -83,8 +83,9 @@ def build_parser() -> Parser:
                         "exported from other checkpoints. Every file is checked against the manifest's sha256.")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
 
-    t = sub.add_parser("train-base", help="reproduce models/base (tokenizer and model) from Debian's documentation")
-    t.add_argument("--base", default="models/base", help="where the trained base is written")
+    t = sub.add_parser("train-base", help="reproduce models/inhouse/base (tokenizer and model), the in-house 10 M base "
+                                          "trained from Debian's documentation (the fast test model)")
+    t.add_argument("--base", default="models/inhouse/base", help="where the trained base is written")
     t.add_argument("--run-dir", default="build/train-base",
                    help="the run's tokenized data and checkpoint: the same command resumes there")
     t.add_argument("--steps", type=positive_int, help="optimizer steps (default: as many as --minutes allow)")
@@ -96,7 +97,7 @@ def build_parser() -> Parser:
     t.add_argument("--sources", help="comma-separated corpus packages (default: all of builder/data/corpus.py's SOURCES)")
     t.add_argument("--restart", action="store_true", help="discard the run saved in --run-dir and start over")
     t.add_argument("--against", help="another base measured on the same validation text, for the model card "
-                                     "(default: models/base, when --base writes elsewhere)")
+                                     "(default: models/inhouse/base, when --base writes elsewhere)")
     t.add_argument("--seed", type=int, default=0)
 
     b = sub.add_parser("build", help="export the models to ONNX and render the static site")
@@ -107,9 +108,11 @@ def build_parser() -> Parser:
     b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
     b.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export the site copies; exported there first when missing or stale")
-    b.add_argument("--precision", default="both", choices=["fp32", "fp16", "both"],
+    b.add_argument("--precision", choices=["fp32", "fp16", "both"],
                    help="which graphs the site ships: fp32 (every browser), fp16 (half the download; WebGPU "
-                        "with shader-f16 computes in fp16, WASM casts to fp32), or both (the page picks)")
+                        "with shader-f16 computes in fp16, WASM casts to fp32), or both (the page picks). Default: "
+                        "fp32 for a base imported from a GGUF (the page downloads its 4-bit blocks and rebuilds the "
+                        "fp32 weights; an fp16 copy would be a 270 MB download), else both")
 
     s = sub.add_parser("serve", help="serve a built site on 127.0.0.1")
     s.add_argument("--dir", default="build/site", help="the built site")
@@ -154,6 +157,9 @@ def build_parser() -> Parser:
     r.add_argument("--json", default="build/bench/bench.json", type=Path,
                    help="where the results go; the report (bench.md and PNG plots) is written next to it")
     r.add_argument("--runtimes", default=",".join(RUNTIMES), help="comma-separated, from " + ", ".join(RUNTIMES))
+    r.add_argument("--peers", help="comma-separated, from " + ", ".join(PEERS) + ", or none: the same model in other "
+                                   "runtimes, plain decoding (default: all of them for a base imported from a GGUF, "
+                                   "whose file they run; else none)")
     r.add_argument("--prompts", type=positive_int, help="validation prompts per task (every runtime)")
     r.add_argument("--new-tokens", type=positive_int, help="new tokens per prompt (every runtime)")
     r.add_argument("--ks", help="comma-separated k of the speculative modes (every runtime)")
@@ -167,6 +173,13 @@ def build_parser() -> Parser:
     d.add_argument("--steps", type=positive_int, help="optimizer steps (default: the shipped drafter's)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--eval-prompts", type=positive_int, help="validation prompts per task for the tau report (default 60)")
+    d.add_argument("--head", help="a head trained with --cache-features: learn from every stage of its data (the base's "
+                                  "cached hidden states) and over its draft vocabulary (a big base)")
+    d.add_argument("--hidden-size", type=positive_int, help="width (default 128)")
+    d.add_argument("--layers", type=positive_int, help="decoder layers (default 2)")
+    d.add_argument("--intermediate-size", type=positive_int, help="MLP width (default 320)")
+    d.add_argument("--batch-size", type=positive_int, help="sequences per step (default 16)")
+    d.add_argument("--lr", type=float, help="peak learning rate (default 0.003)")
     return p
 
 
@@ -265,7 +278,10 @@ def cmd_build(args) -> None:
     else:
         drafter = None if args.drafter == "none" else Path(args.drafter)
     ckpts = Checkpoints(Path(args.base), Path(args.head), drafter)
-    precisions = tuple(PRECISIONS) if args.precision == "both" else (args.precision,)
+    from .models.gguf import SOURCE
+
+    precision = args.precision or ("fp32" if (Path(args.base) / SOURCE).is_file() else "both")
+    precisions = tuple(PRECISIONS) if precision == "both" else (precision,)
     build(ckpts, Path(args.out), Path(args.onnx_dir), precisions)
     print(f"built {args.out}: serve it with `python -m builder serve --dir {args.out}`")
 
@@ -294,7 +310,7 @@ def cmd_train_base(args) -> None:
     run_dir = Path(args.run_dir)
     if args.restart:
         shutil.rmtree(run_dir, ignore_errors=True)
-    against = Path(args.against or "models/base")
+    against = Path(args.against or "models/inhouse/base")
     if against.resolve() == Path(args.base).resolve() or not (against / "config.json").is_file():
         if args.against:
             raise PromptError(f"--against {args.against}: not another base checkpoint directory")
@@ -349,7 +365,17 @@ def cmd_bench(args) -> None:
         k_max = read_head_config(args.head).k_train
         if not all(1 <= k <= k_max for k in ks):
             raise PromptError(f"--ks must lie between 1 and {k_max} (the head drafts at most {k_max}), got {args.ks}")
-    cfg = BenchConfig(runtimes=runtimes)
+    from .models.gguf import SOURCE
+
+    if args.peers is None:
+        peers = tuple(PEERS) if (Path(args.base) / SOURCE).is_file() else ()
+    else:
+        peers = tuple(x.strip() for x in args.peers.split(",") if x.strip() and x.strip() != "none")
+    if [x for x in peers if x not in PEERS]:
+        raise PromptError(f"unknown peer {[x for x in peers if x not in PEERS][0]}: choose from {', '.join(PEERS)}, or none")
+    if peers and not (Path(args.base) / SOURCE).is_file():
+        raise PromptError(f"--peers: the peers run the GGUF file a base was imported from; {args.base} has no {SOURCE}")
+    cfg = BenchConfig(runtimes=runtimes, peers=peers)
     override = {name: v for name, v in (("prompts", args.prompts), ("new_tokens", args.new_tokens), ("ks", ks),
                                         ("repeats", args.repeats)) if v is not None}
     cfg.plans = {rt: replace(plan, **override) for rt, plan in cfg.plans.items()}
@@ -365,7 +391,8 @@ def cmd_bench(args) -> None:
 def cmd_train_drafter(args) -> None:
     from .train.drafter import DrafterTrainConfig, train_and_report
 
-    given = {"steps": args.steps, "eval_prompts": args.eval_prompts}
+    given = {"steps": args.steps, "eval_prompts": args.eval_prompts, "head": args.head, "hidden_size": args.hidden_size,
+             "layers": args.layers, "intermediate_size": args.intermediate_size, "batch_size": args.batch_size, "lr": args.lr}
     cfg = DrafterTrainConfig(seed=args.seed, **{k: v for k, v in given.items() if v})
     log = train_and_report(Path(args.base), Path(args.drafter), cfg)
     k4 = {v["task"]: v["tau"] for v in log["acceptance"].values() if v["k"] == 4}

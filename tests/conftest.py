@@ -16,10 +16,12 @@ import torch
 from builder.export.manifest import Checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE_DIR = ROOT / "models" / "base"
-HEAD_DIR = ROOT / "models" / "mtp"
-DRAFTER_DIR = ROOT / "models" / "drafter"
+BASE_DIR = ROOT / "models" / "inhouse" / "base"
+HEAD_DIR = ROOT / "models" / "inhouse" / "mtp"
+DRAFTER_DIR = ROOT / "models" / "inhouse" / "drafter"
 SHIPPED = Checkpoints(BASE_DIR, HEAD_DIR, DRAFTER_DIR)
+# the in-house 10 M trio, the fast test model, named on the command line: the CLI's defaults are SmolLM2's
+INHOUSE = ("--base", str(BASE_DIR), "--head", str(HEAD_DIR), "--drafter", str(DRAFTER_DIR))
 CONTEXT = json.loads((BASE_DIR / "config.json").read_text())["max_position_embeddings"]  # the shipped base's window
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))  # both cores, unless told otherwise

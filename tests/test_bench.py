@@ -4,12 +4,12 @@ from __future__ import annotations
 import json
 
 from builder.data.tasks import load_tokenizer
-from tests.conftest import BASE_DIR, run
+from tests.conftest import INHOUSE, BASE_DIR, run
 
 
 def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     out = tmp_path / "bench" / "bench.json"
-    r = run("bench", "--json", str(out), "--runtimes", "torch,onnx-cpu", "--prompts", "2", "--new-tokens", "12",
+    r = run("bench", *INHOUSE, "--json", str(out), "--runtimes", "torch,onnx-cpu", "--prompts", "2", "--new-tokens", "12",
             "--ks", "1,3", "--repeats", "2", "--onnx-dir", str(tmp_path / "onnx"), timeout=900)
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())

@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import BASE_DIR, CONTEXT, ROOT, expect_error, run
+from tests.conftest import INHOUSE, BASE_DIR, CONTEXT, HEAD_DIR, ROOT, expect_error, run
 
 
 def test_generate_json_has_the_contract_fields(base):
-    r = run("generate", "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar")
+    r = run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar")
     assert r.returncode == 0, r.stderr
     (line,) = r.stdout.splitlines()
     out = json.loads(line)
@@ -25,8 +25,8 @@ def test_generate_json_has_the_contract_fields(base):
 
 
 def test_generate_decodes_with_the_head_by_default_as_the_page_does():
-    r = run("generate", "--prompt", "The json module", "--max-new-tokens", "12", "--json")
-    ar = json.loads(run("generate", "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar").stdout)
+    r = run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json")
+    ar = json.loads(run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar").stdout)
     out = json.loads(r.stdout)
     assert out["mode"] == "mtp" and out["k"] == 4 and out["ids"] == ar["ids"]
     assert len(out["accepted"]) == out["steps"] < len(out["ids"]) == len(out["margins"])
@@ -36,28 +36,28 @@ def test_generate_decodes_with_the_head_by_default_as_the_page_does():
 def test_prompts_file_gives_one_object_per_prompt_in_order(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "Lists are"}\n\n{"prompt": "Teh list is sorted.", "task": "proofread"}\n')
-    r = run("generate", "--prompts-file", str(f), "--max-new-tokens", "8", "--json")
+    r = run("generate", *INHOUSE, "--prompts-file", str(f), "--max-new-tokens", "8", "--json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(l) for l in r.stdout.splitlines()]
     assert [(o["prompt"], o["task"]) for o in rows] == [("Lists are", "continue"), ("Teh list is sorted.", "proofread")]
 
 
 def test_empty_prompt_is_a_clear_error():
-    expect_error(run("generate", "--prompt", "  "), "empty")
+    expect_error(run("generate", *INHOUSE, "--prompt", "  "), "empty")
 
 
 def test_prompt_too_long_for_the_context_window_is_a_clear_error():
-    expect_error(run("generate", "--prompt", "word " * (CONTEXT + 40)), f"context window of {CONTEXT} tokens", "shorten it")
+    expect_error(run("generate", *INHOUSE, "--prompt", "word " * (CONTEXT + 40)), f"context window of {CONTEXT} tokens", "shorten it")
 
 
 def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
-    r = run("generate", "--prompt", "word " * (CONTEXT - 6), "--max-new-tokens", "1000", "--json")
+    r = run("generate", *INHOUSE, "--prompt", "word " * (CONTEXT - 6), "--max-new-tokens", "1000", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     # the shipped base goes on repeating "word" here: it stops only where the window is full
     assert out["stopped"] == "context-window", out
     assert len(out["prompt_ids"]) + len(out["ids"]) == CONTEXT
-    r = run("generate", "--prompt", "word " * (CONTEXT - 6), "--max-new-tokens", "1000")
+    r = run("generate", *INHOUSE, "--prompt", "word " * (CONTEXT - 6), "--max-new-tokens", "1000")
     assert r.returncode == 0 and r.stderr.strip() in (
         f"[stopped: the prompt and the new tokens fill the context window of {CONTEXT} tokens]", "[the model ended the text]")
 
@@ -73,7 +73,7 @@ def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
     (["--mode", "fast"], ["invalid choice: 'fast'"]),
 ])
 def test_out_of_range_options_are_a_clear_error(args, fragments, onnx_dir):
-    expect_error(run("generate", "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), *fragments)
+    expect_error(run("generate", *INHOUSE, "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), *fragments)
 
 
 def test_odd_text_is_decoded_as_text(tmp_path, tokenizer):
@@ -86,7 +86,7 @@ def test_odd_text_is_decoded_as_text(tmp_path, tokenizer):
              "<|fix|> is text"]
     f = tmp_path / "odd.jsonl"
     f.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))  # JSON escapes keep the lone surrogate
-    r = run("generate", "--prompts-file", str(f), "--max-new-tokens", "4", "--json")
+    r = run("generate", *INHOUSE, "--prompts-file", str(f), "--max-new-tokens", "4", "--json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == len(texts)
@@ -96,15 +96,15 @@ def test_odd_text_is_decoded_as_text(tmp_path, tokenizer):
 
 
 def test_unknown_task_is_a_clear_error():
-    expect_error(run("generate", "--prompt", "hi", "--task", "summarise"), "summarise")
+    expect_error(run("generate", *INHOUSE, "--prompt", "hi", "--task", "summarise"), "summarise")
 
 
 def test_bad_line_in_prompts_file_names_the_line(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "ok"}\n{"prompt": "", "task": "continue"}\n')
-    expect_error(run("generate", "--prompts-file", str(f)), "prompt 2", "empty")
+    expect_error(run("generate", *INHOUSE, "--prompts-file", str(f)), "prompt 2", "empty")
     f.write_text('{"prompt": "ok"}\nnot json\n')
-    expect_error(run("generate", "--prompts-file", str(f)), "p.jsonl:2")
+    expect_error(run("generate", *INHOUSE, "--prompts-file", str(f)), "p.jsonl:2")
 
 
 def test_missing_checkpoint_directory_is_a_clear_error(tmp_path):
@@ -151,7 +151,7 @@ def test_an_onnx_file_that_does_not_match_the_manifest_is_a_clear_error(tmp_path
         f.write_bytes(bytes(data))
     else:
         f.unlink()
-    expect_error(run("generate", "--prompt", "hi", "--mode", "mtp", "--backend", "onnx", "--onnx-dir", str(d)),
+    expect_error(run("generate", *INHOUSE, "--prompt", "hi", "--mode", "mtp", "--backend", "onnx", "--onnx-dir", str(d)),
                  "head_k4.onnx", "sha256 mismatch" if damage == "alter" else "missing")
 
 
@@ -159,7 +159,7 @@ def test_corrupt_tokenizer_is_a_clear_error(tmp_path):
     d = tmp_path / "base"
     shutil.copytree(BASE_DIR, d)
     (d / "tokenizer.json").write_text("{ not json")
-    expect_error(run("generate", "--prompt", "hi", "--base", str(d)), "tokenizer.json")
+    expect_error(run("generate", "--prompt", "hi", "--base", str(d), "--head", str(HEAD_DIR)), "tokenizer.json")
 
 
 def test_undecodable_command_line_bytes_are_replaced_not_a_traceback():
@@ -177,7 +177,12 @@ def test_a_bad_port_is_a_usage_error(tmp_path, port):
 
 
 def test_a_missing_chromium_is_a_clear_error_before_any_measurement(tmp_path):
-    r = run("bench", "--runtimes", "torch,browser-wasm", "--json", str(tmp_path / "bench.json"),
+    r = run("bench", *INHOUSE, "--runtimes", "torch,browser-wasm", "--json", str(tmp_path / "bench.json"),
             env={"PATH": str(tmp_path), "HOME": str(tmp_path)})
     expect_error(r, "chromium is not installed")
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_bench_peers_need_a_gguf_base_and_known_names():
+    expect_error(run("bench", *INHOUSE, "--peers", "llamacpp"), "--peers", "gguf.json")
+    expect_error(run("bench", "--peers", "ollama"), "unknown peer ollama", "wllama")

@@ -15,7 +15,7 @@ from builder.models.llama import LlamaConfig, Llama, save_llama
 from builder.models.head import load_head
 from builder.decode.onnx_backend import OnnxBackend
 from builder.data.tasks import encode_prompt
-from tests.conftest import DRAFTER_DIR, HEAD_DIR, expect_error, run
+from tests.conftest import INHOUSE, DRAFTER_DIR, HEAD_DIR, expect_error, run
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +82,11 @@ def test_onnx_drafter_equals_the_reference(base, onnx_dir, tokenizer, validation
 
 def test_generate_mode_drafter_from_the_cli(tmp_path):
     for backend in ("torch", "onnx"):
-        r = run("generate", "--prompt", "The json module", "--mode", "drafter", "--k", "3", "--max-new-tokens", "12",
+        r = run("generate", *INHOUSE, "--prompt", "The json module", "--mode", "drafter", "--k", "3", "--max-new-tokens", "12",
                 "--backend", backend, "--onnx-dir", str(tmp_path / "onnx"), "--json")
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        ref = json.loads(run("generate", "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar").stdout)
+        ref = json.loads(run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar").stdout)
         assert out["mode"] == "drafter" and out["ids"] == ref["ids"] and len(out["accepted"]) == out["steps"]
 
 
@@ -94,7 +94,7 @@ def test_a_drafter_with_another_vocabulary_is_refused(tmp_path):
     other = Llama(LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                               num_attention_heads=2, num_key_value_heads=1))
     save_llama(other, tmp_path / "drafter")
-    r = run("generate", "--prompt", "The json module", "--mode", "drafter", "--drafter", str(tmp_path / "drafter"))
+    r = run("generate", *INHOUSE, "--prompt", "The json module", "--mode", "drafter", "--drafter", str(tmp_path / "drafter"))
     expect_error(r, "vocab_size", "cannot draft for this base")
     with pytest.raises(CheckpointError):
         load_drafter(tmp_path / "drafter", Llama(LlamaConfig()))
@@ -131,3 +131,46 @@ def test_interrupted_drafter_training_resumes_to_the_same_weights(corpus, tmp_pa
     assert log["resumed_at_step"] == 4
     for name, t in straight.state_dict().items():
         assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"
+
+
+def test_a_drafter_learns_from_a_heads_cached_features(corpus, tmp_path):
+    """--head DIR (a big base): the drafter trains on every sequence of that head's data, its targets the
+    base's distribution over the head's draft vocabulary made from the cached hidden states (what the base
+    itself gives, to fp16's precision), and its own vocabulary stays the base's whole one."""
+    import random
+
+    import torch.nn.functional as F
+
+    from builder.models.head import save_head
+    from builder.train.distill import make_batches
+    from builder.train.drafter import DrafterTrainConfig, feature_loss, head_data, train_drafter
+    from builder.train.head import HeadTrainConfig, train_head
+    from builder.models.head import base_fingerprint
+    from tests.test_mtp import tiny_setup
+
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    hcfg = HeadTrainConfig(prompts_per_task=8, new_tokens=8, steps=2, batch_size=4, k=3, draft_vocab=64, cache_features=True)
+    head, hlog = train_head(tiny, tok, small, hcfg)
+    save_head(head, tmp_path / "mtp")
+    (tmp_path / "mtp" / "train_log.json").write_text(json.dumps(hlog))
+
+    data, feats, _, (rows, d2t) = head_data(tiny, tok, small, str(tmp_path / "mtp"), base_fingerprint(tiny))
+    assert len(data) == hlog["sequences"] and torch.equal(d2t, head.d2t)
+    seqs, valid, hidden = next(make_batches(data, 4, random.Random(0), feats))
+    at = F.pad(valid[:, 1:], (0, 1))
+    with torch.no_grad():
+        live = F.softmax(tiny(seqs)[0][at][:, d2t], dim=-1)
+        cached = F.softmax(F.linear(hidden[at].float(), rows), dim=-1)
+    assert torch.allclose(live, cached, atol=2e-2), (live - cached).abs().max()
+
+    cfg = DrafterTrainConfig(hidden_size=32, intermediate_size=64, heads=4, kv_heads=2, batch_size=4, steps=12,
+                             lr=1e-2, head=str(tmp_path / "mtp"))
+    drafter, log = train_drafter(tiny, tok, small, cfg)
+    assert log["sequences"] == hlog["sequences"]
+    assert drafter.config.vocab_size == tiny.config.vocab_size
+    fresh = Llama(drafter.config)
+    fresh.init_weights(cfg.seed)
+    with torch.no_grad():
+        before, _ = feature_loss(fresh, (rows, d2t), seqs, valid, hidden)
+        after, _ = feature_loss(drafter, (rows, d2t), seqs, valid, hidden)
+    assert after < before, (before, after)

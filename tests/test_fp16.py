@@ -7,7 +7,7 @@ import json
 from builder.decode.loop import compare_to_reference, decode
 from builder.decode.onnx_backend import OnnxBackend
 from builder.data.tasks import encode_prompt
-from tests.conftest import Page, check_steps, expect_error, run
+from tests.conftest import INHOUSE, Page, check_steps, expect_error, run
 
 
 def test_fp16_graphs_compute_in_fp16_on_weights_of_half_the_bytes(onnx_dir):
@@ -61,7 +61,7 @@ def test_fp16_mtp_equals_fp16_plain_in_onnxruntime(onnx_dir, tokenizer, validati
 
 
 def test_cli_fp16_needs_the_onnx_backend():
-    expect_error(run("generate", "--prompt", "Lists are", "--precision", "fp16"), "--backend onnx")
+    expect_error(run("generate", *INHOUSE, "--prompt", "Lists are", "--precision", "fp16"), "--backend onnx")
 
 
 def test_page_picks_fp16_only_with_shader_f16(browser, tiny_url):

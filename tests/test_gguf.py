@@ -11,7 +11,7 @@ from builder.errors import CheckpointError
 from builder.models import gguf
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOL = ROOT / "models" / "smollm2"
+SMOL = ROOT / "models" / "base"
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,39 @@ def smol_export(smol, tmp_path_factory):
     save_head(head, tmp / "head")
     ensure_export(Checkpoints(SMOL, tmp / "head"), tmp / "onnx", ("fp32",))
     return tmp / "onnx", head.eval()
+
+
+def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol):
+    """The default models: the head in models/mtp and the drafter in models/drafter, trained for this base
+    (fingerprints checked on load), write the base's greedy tokens; the drafter is a model of its own (its
+    own embedding over the whole vocabulary, no tensor of the base's), of the head's order of size; the
+    head's proofread tau is a regression guard far below its card's."""
+    import torch
+
+    from builder.decode.drafter import load_drafter, torch_drafter
+    from builder.decode.loop import acceptance, compare_to_reference, decode
+    from builder.decode.torch_backend import TorchBackend, decode_ar
+    from builder.models.head import load_head
+
+    head, drafter = load_head(ROOT / "models" / "mtp", smol), load_drafter(ROOT / "models" / "drafter", smol)
+    assert head.config.draft_vocab == 8192 and head.config.kv_layer == 18
+    assert drafter.model.embed_tokens.weight.shape[0] == smol.config.vocab_size
+    base_storage = {q.untyped_storage().data_ptr() for q in smol.parameters()}
+    assert not any(q.untyped_storage().data_ptr() in base_storage for q in drafter.parameters())
+    assert head.num_params() <= drafter.num_params() <= 2 * head.num_params()
+    tok, eos = load_tokenizer(SMOL), smol.config.eos_token_id
+    accepted = {}
+    for task, text in PROMPTS:
+        ids = encode_prompt(tok, task, text)
+        ref = decode_ar(smol, ids, 24, eos)
+        for name, backend in (("mtp", TorchBackend(smol, head=head)), ("drafter", TorchBackend(smol, drafter=torch_drafter(drafter)))):
+            with torch.no_grad():
+                out = decode(backend, ids, 24, eos, 4)
+            assert compare_to_reference(ref, out.ids)[0] != "mismatch", (name, task, ref.ids, out.ids)
+            accepted[name, task] = out.accepted
+    tau, _ = acceptance(accepted["mtp", "proofread"], 4)
+    assert tau > 2.0, f"the shipped head's proofread tau at k = 4 is {tau:.2f} on a plain typo fix"
+    assert sum(sum(a) for a in accepted.values() if a) > 0
 
 
 @pytest.mark.slow

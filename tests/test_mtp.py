@@ -42,7 +42,7 @@ def test_mtp_output_equals_plain_greedy_for_k_1_to_6(base, head, tokenizer, vali
 
 
 def test_head_drafts_are_accepted_on_proofread(base, head, tokenizer, validation_prompts):
-    """A regression guard, far below the measured figures in models/mtp/README.md."""
+    """A regression guard, far below the measured figures in models/inhouse/mtp/README.md."""
     eos = base.config.eos_token_id
     accepted = []
     for p in [q for q in validation_prompts if q["task"] == "proofread"][:10]:

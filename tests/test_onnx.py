@@ -19,7 +19,7 @@ from builder.errors import CheckpointError
 from builder.models.head import load_head
 from builder.decode.onnx_backend import OnnxBackend
 from builder.data.tasks import SPECIAL_TOKENS, TASKS, encode_prompt
-from tests.conftest import HEAD_DIR, expect_error, run
+from tests.conftest import INHOUSE, HEAD_DIR, expect_error, run
 
 
 @pytest.fixture(scope="module")
@@ -262,8 +262,8 @@ def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer
 
 def test_cli_onnx_backend_gives_the_torch_ids(onnx_dir):
     prompt = ["--prompt", "Teh list is sortd in place.", "--task", "proofread", "--json", "--max-new-tokens", "16"]
-    t = run("generate", *prompt, "--mode", "ar")
-    o = run("generate", *prompt, "--backend", "onnx", "--onnx-dir", str(onnx_dir), "--mode", "mtp", "--k", "3")
+    t = run("generate", *INHOUSE, *prompt, "--mode", "ar")
+    o = run("generate", *INHOUSE, *prompt, "--backend", "onnx", "--onnx-dir", str(onnx_dir), "--mode", "mtp", "--k", "3")
     assert t.returncode == 0 and o.returncode == 0, t.stderr + o.stderr
     torch_out, onnx_out = json.loads(t.stdout), json.loads(o.stdout)
     assert onnx_out["ids"] == torch_out["ids"] and onnx_out["backend"] == "onnx"
@@ -287,5 +287,5 @@ def test_tampered_onnx_file_is_refused_naming_the_file(onnx_dir, tmp_path, victi
     with pytest.raises(CheckpointError, match=want) as e:
         OnnxBackend(d, "head", 4)
     assert victim.name in str(e.value)
-    expect_error(run("generate", "--prompt", "Lists are", "--backend", "onnx", "--onnx-dir", str(d), "--mode", "mtp"),
+    expect_error(run("generate", *INHOUSE, "--prompt", "Lists are", "--backend", "onnx", "--onnx-dir", str(d), "--mode", "mtp"),
                  victim.name, want)

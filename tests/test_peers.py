@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.conftest import ROOT
 
-SMOL = ROOT / "models" / "smollm2"
+SMOL = ROOT / "models" / "base"
 
 
 def test_wllama_decodes_the_smollm2_gguf_greedily_from_token_ids(browser):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.conftest import ROOT
 
-SMOL = ROOT / "models" / "smollm2"
+SMOL = ROOT / "models" / "base"
 
 
 def test_transformersjs_decodes_the_smollm2_export_greedily_from_token_ids(browser):

@@ -125,7 +125,7 @@ def cache_key(model_dir: Path) -> str:
     return hashlib.sha256(f"{fingerprint}:hf-onnx-{FORMAT}".encode()).hexdigest()[:20]
 
 
-def export_hf_onnx(model_dir: Path = ROOT / "models" / "smollm2", cache: Path = CACHE,
+def export_hf_onnx(model_dir: Path = ROOT / "models" / "base", cache: Path = CACHE,
                    model_id: str = MODEL_ID) -> Path:
     """The transformers.js folder of the checkpoint in model_dir: `<cache>/<key>/<model_id>/`, exported
     on first use (a minute or two for SmolLM2), reused after. Returns `<cache>/<key>` (the local model path

@@ -57,7 +57,7 @@ def run_llamacpp(prompts: list[list[int]], n_predict: int, threads: Threads = 1,
 
 
 def bench_llamacpp(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
-                   model_dir: Path = ROOT / "models" / "smollm2") -> dict:
+                   model_dir: Path = ROOT / "models" / "base") -> dict:
     """llama.cpp native on n_per_task validation prompts of each task (chat-formatted by the project's
     tokenizer), at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness
     rule): bench_wllama's prompts, new tokens and verdicts."""

@@ -1,7 +1,7 @@
 """The bench against the peers: the same model, the same prompts, one run, in the same headless Chromium.
 
 A peer is another way to run SmolLM2-135M-Instruct in a web page, on the very GGUF file our base is
-imported from (models/smollm2/gguf.json). Here: wllama (@wllama/wllama, llama.cpp's server context
+imported from (models/base/gguf.json). Here: wllama (@wllama/wllama, llama.cpp's server context
 compiled to WebAssembly), on the CPU with the same WASM threads as our page (1, or the page's max:
 one per core, at most 4, in a cross-origin isolated page). It decodes greedily from the prompt's token
 ids, so its output can be set against the PyTorch reference token by token; llama.cpp quantizes the
@@ -34,7 +34,7 @@ from ..site.serve import Handler, Server
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / "web" / "peers"
 WLLAMA_DIR = ROOT / "web" / "node_modules" / "@wllama" / "wllama"
-BASE_GGUF_SOURCE = ROOT / "models" / "smollm2" / "gguf.json"
+BASE_GGUF_SOURCE = ROOT / "models" / "base" / "gguf.json"
 Threads = int | str  # a count, or "max": what the project's page would pick (web/src/runtime.mjs)
 
 
@@ -150,7 +150,7 @@ def run_wllama(browser, prompts: list[list[int]], n_predict: int, threads: Threa
 
 
 def bench_wllama(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
-                 model_dir: Path = ROOT / "models" / "smollm2") -> dict:
+                 model_dir: Path = ROOT / "models" / "base") -> dict:
     """wllama on n_per_task validation prompts of each task (chat-formatted by the project's tokenizer),
     at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness rule)."""
     from ..site.browser import chromium

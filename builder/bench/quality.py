@@ -2,7 +2,7 @@
 typos that its greedy proofread turns into exactly the correct sentence, and unedited samples of every
 task it offers (validation text only: never trained on, by the head either).
 
-    python -m builder.bench.quality models/smollm2 [N_PROOFREAD] > quality.json
+    python -m builder.bench.quality models/base [N_PROOFREAD] > quality.json
 """
 from __future__ import annotations
 

@@ -94,6 +94,46 @@ def full_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+# issue [smol]'s goals: the page's MTP over the fastest peer's plain decoding in the same browser
+PEER_GOALS = {"proofread": 1.5, "continue": 1.2, "summarize": 1.2, "reply": 1.2}
+
+
+def peers_table(data: dict) -> str:
+    """The peers (plain decoding of the same model, same prompts, this run) beside our runtimes: per task,
+    our MTP at its best k against the fastest peer with the same threads, in the same place (browser
+    runtimes against the browser peers, onnx-cpu against llama.cpp native)."""
+    peers, results = data.get("peers") or [], data["results"]
+    if not peers:
+        return ""
+    lines = ["| peer runtime | threads | task | plain tokens/s | after prefill | prefill share | new tokens | mismatches |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in peers:
+        lines.append(f"| {r['runtime']} | {r['threads']} | {r['task']} | {spread(r)} | {r['decode_tokens_per_s']:.1f} "
+                     f"| {r['prefill_share']:.0%} | {r['mean_new_tokens']} | {r['mismatches']} |")
+    ours = {"browser-wasm": ("wllama-wasm", "transformersjs-wasm"),
+            "browser-wasm-1thread": ("wllama-wasm-1thread", "transformersjs-wasm-1thread"),
+            "onnx-cpu": ("llamacpp-native-1thread",)}
+    cmp = ["| ours | task | our MTP tokens/s (k) | our plain | fastest peer, plain | MTP / peer (goal) | MTP / our plain |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for runtime, against in ours.items():
+        for task in dict.fromkeys(r["task"] for r in peers):
+            mtp, ar = best(results, runtime, task, "mtp"), best(results, runtime, task, "ar")
+            rivals = [r for r in peers if r["runtime"] in against and r["task"] == task]
+            if not (mtp and ar and rivals):
+                continue
+            top = max(rivals, key=lambda r: r["tokens_per_s"])
+            ratio, goal = mtp["tokens_per_s"] / top["tokens_per_s"], PEER_GOALS.get(task, 1.2)
+            cmp.append(f"| {runtime} | {task} | {mtp['tokens_per_s']:.1f} (k={mtp['k']}) | {ar['tokens_per_s']:.1f} "
+                       f"| {top['runtime']} {top['tokens_per_s']:.1f} | {ratio:.2f}x ({goal}x{', met' if ratio >= goal else ''}) "
+                       f"| {mtp['speedup_vs_ar']:.2f}x |")
+    c = data.get("peer_config") or {}
+    return (f"## The peers: the same model in other runtimes, same prompts, this run\n\n"
+            f"Plain greedy decoding from the prompts' token ids ({c.get('prompts')} prompts per task x "
+            f"{c.get('new_tokens')} tokens, {c.get('repeats')} round(s)); a mismatch is a first difference "
+            f"from the PyTorch reference that is no near-tie.\n\n" + "\n".join(lines) + "\n\n"
+            + ("\n".join(cmp) + "\n\n" if len(cmp) > 2 else ""))
+
+
 def memory_table(mem: dict) -> str:
     ctx = mem["context_length"]
     rows = [("weights in memory (fp32)", mem["base_weights_bytes"], mem["mtp_weights_bytes"], mem["drafter_weights_bytes"]),
@@ -261,7 +301,7 @@ Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}
 
 {memory_table(data['memory'])}
 
-{profiles}{gpu}{visit}## Every configuration
+{peers_table(data)}{profiles}{gpu}{visit}## Every configuration
 
 {full_table(data)}
 

@@ -18,6 +18,13 @@ median wall time of each kind of graph run ("base T=5": the base fed 5 tokens, "
 drafting 4, "drafter T=1"), pooled over every round, from which the report shows where a step's time goes;
 the browser-wasm runtimes get the same profile from the page's own trace of each run (one more pass).
 
+Peers (`peers`, a base imported from a GGUF): the same model in the runtimes a user would pick instead,
+on the very GGUF file, plain greedy decoding from the same prompts' token ids in the same run: wllama and
+transformers.js in the same headless Chromium (WASM with the page's threads, and one), llama.cpp native
+beside onnx-cpu (peers.py, transformersjs.py, native.py). Their rows are in "peers", timed as ours:
+tokens/s over the whole call, decode_tokens_per_s after the first token (their prefill), checked against
+the same reference.
+
 SwiftShader (the CI's WebGPU) emulates a GPU on the CPU at about 1 s a base run, so browser-webgpu runs
 fewer prompts, tokens and k by default: it shows the page works on WebGPU, not GPU speed. What it does
 count is the GPU regime: "webgpu_dispatches" holds, per task, the WebGPU compute dispatches and session
@@ -32,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..data.tasks import TASKS
+from ..data.tasks import ALL_TASKS
 from ..decode.loop import MODES
 from ..export.manifest import Checkpoints
 
@@ -43,6 +50,13 @@ RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-wasm-1thread", "browse
 # for this machine (one per core, at most 4), browser-wasm-1thread one
 PAGE_QUERY = {"browser-wasm": "?backend=wasm", "browser-wasm-1thread": "?backend=wasm&threads=1",
               "browser-webgpu": "?backend=webgpu"}
+
+
+# the peers (see above) and their runtimes, each with the threads it gets: as many as the page's browser-wasm
+# picks ("max": one per core, at most 4) and one, as browser-wasm-1thread
+PEERS = {"wllama": {"wllama-wasm": "max", "wllama-wasm-1thread": 1},
+         "transformersjs": {"transformersjs-wasm": "max", "transformersjs-wasm-1thread": 1},
+         "llamacpp": {"llamacpp-native": "max", "llamacpp-native-1thread": 1}}
 
 
 @dataclass
@@ -62,7 +76,9 @@ class BenchConfig:
         "browser-wasm": Plan(10, 48, None, 3),
         "browser-wasm-1thread": Plan(10, 48, None, 3),
         "browser-webgpu": Plan(2, 16, (4,), 1),
+        "peers": Plan(10, 48, None, 3),  # every peer runtime: plain decoding only
     })
+    peers: tuple[str, ...] = ()
 
 
 def modes(ks) -> list[tuple[str, int]]:
@@ -268,6 +284,54 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan) -> list[di
     return results
 
 
+def measure_peer(peer: str, threads, prompts: dict, refs: dict, plan: Plan, browser, base_dir: Path, eos: int) -> dict:
+    """One peer runtime: plain greedy decoding of the plan's prompts, every round in one load of the model
+    (the first prompt's warm-up before); per task, the rows measure() gives plain decoding."""
+    from ..decode.loop import compare_to_reference
+
+    items = [(task, ids, text) for task, p in prompts.items() for ids, text in p[: plan.prompts]]
+    ids = [i for _, i, _ in items] * plan.repeats
+    if peer == "llamacpp":
+        from .native import run_llamacpp
+
+        run = run_llamacpp(ids, plan.new_tokens, threads)
+    elif peer == "wllama":
+        from .peers import run_wllama
+
+        run = run_wllama(browser, ids, plan.new_tokens, threads)
+    else:
+        from .hf_onnx import export_hf_onnx
+        from .transformersjs import run_transformersjs
+
+        run = run_transformersjs(browser, ids, plan.new_tokens, threads, export_hf_onnx(base_dir))
+    info = next(v for key, v in run.items() if key.endswith("_info"))
+    rounds = {}
+    for n, ((task, _, text), r) in enumerate(zip(items * plan.repeats, run["results"])):
+        ref = refs[(task, text, plan.new_tokens)]
+        out = r["ids"][: r["ids"].index(eos) + 1] if eos in r["ids"] else r["ids"]  # a peer may go on past the end
+        verdict, _ = compare_to_reference(ref, out)
+        t = rounds.setdefault(task, {"tokens": [0] * plan.repeats, "ms": [0.0] * plan.repeats,
+                                     "decode_ms": [0.0] * plan.repeats, "mismatches": 0, "near_ties": 0})
+        i = n // len(items)
+        t["tokens"][i] += len(r["ids"])  # every token it wrote in the time it took
+        t["ms"][i] += r["total_ms"]
+        t["decode_ms"][i] += r["decode_ms"]
+        t["mismatches"] += verdict == "mismatch"
+        t["near_ties"] += verdict == "near-tie"
+    rows = []
+    for task, t in rounds.items():
+        tps = [n / (ms / 1000) for n, ms in zip(t["tokens"], t["ms"])]
+        decode = [n / (ms / 1000) for n, ms in zip(t["tokens"], t["decode_ms"])]
+        rows.append({"task": task, "mode": "ar", "k": 0, "prompts": plan.prompts, "new_tokens": plan.new_tokens,
+                     "tokens_per_s": round(statistics.median(tps), 2), "tokens_per_s_rounds": [round(x, 2) for x in tps],
+                     "decode_tokens_per_s": round(statistics.median(decode), 2),
+                     "decode_tokens_per_s_rounds": [round(x, 2) for x in decode],
+                     "prefill_share": round(statistics.median(1 - d / m for d, m in zip(t["decode_ms"], t["ms"])), 4),
+                     "mean_new_tokens": round(sum(t["tokens"]) / (plan.repeats * plan.prompts), 1),
+                     "mismatches": t["mismatches"], "near_ties": t["near_ties"]})
+    return {"info": info, "threads": info.get("threads", threads), "rows": rows}
+
+
 def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
     """Bytes each model takes while decoding (weights in fp32, as every runtime but fp16 WebGPU holds them;
     KV cache) and, with an export, the bytes of the weights files a page downloads for it."""
@@ -338,22 +402,40 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
     tok, base = load_tokenizer(ckpts.base), load_llama(ckpts.base)
     every_k = tuple(range(1, read_head_config(ckpts.head).k_train + 1))
     cfg = replace(cfg, plans={rt: replace(p, ks=p.ks or every_k) for rt, p in cfg.plans.items()})
-    tasks = tuple(t for t in TASKS if t in tok.tasks)
+    tasks = tuple(t for t in ALL_TASKS if t in tok.tasks)
     corpus_prompts = validation_prompts(load_corpus(), max(p.prompts for p in cfg.plans.values()), tasks=tasks)
     prompts = {t: [(encode_prompt(tok, t, p["prompt"]), p["prompt"]) for p in corpus_prompts if p["task"] == t]
                for t in tasks}
     refs = {}
-    for plan in {cfg.plans[r].new_tokens: cfg.plans[r] for r in cfg.runtimes}.values():
+    used = [*cfg.runtimes, *(["peers"] if cfg.peers else [])]
+    for plan in {cfg.plans[r].new_tokens: cfg.plans[r] for r in used}.values():
         for t in tasks:
-            for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in cfg.runtimes)]:
+            for ids, text in prompts[t][: max(cfg.plans[r].prompts for r in used)]:
                 refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
-    results, profiles, threads, dispatches, visit = [], {}, {}, {}, None
+    results, profiles, threads, dispatches, visit, peers = [], {}, {}, {}, None, []
+
+    def peer(name: str, browser=None):
+        for runtime, n in PEERS[name].items():
+            got = measure_peer(name, n, prompts, refs, cfg.plans["peers"], browser, ckpts.base, base.config.eos_token_id)
+            peers.extend({"runtime": runtime, "peer": name, "threads": got["threads"], **row} for row in got["rows"])
+            logger.info(f"{runtime} ({got['threads']} threads): " + ", ".join(
+                f"{row['task']} {row['tokens_per_s']:.1f}" for row in got["rows"]) + " tokens/s")
+
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
             run, profile = python_runner(runtime, ckpts, onnx_dir)
             results += measure(runtime, run, prompts, refs, cfg.plans[runtime])
             if profile:
                 profiles[runtime] = profile()
+    if "llamacpp" in cfg.peers:
+        peer("llamacpp")
+    browser_peers = [p for p in cfg.peers if p != "llamacpp"]
+    if browser_peers and not browsers:
+        from ..site.browser import chromium
+
+        with chromium() as browser:
+            for name in browser_peers:
+                peer(name, browser)
     if browsers:
         from ..site.browser import chromium, served
         from ..site.build import build
@@ -376,12 +458,15 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
             if "browser-wasm" in browsers:
                 visit = first_visit(browser, url)
                 logger.info(f"first visit ({visit['network']}): {visit['first']}; second: {visit['second']}")
+            for name in browser_peers:
+                peer(name, browser)
     if dispatches:
         modelled_speedups(dispatches, results)
     nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
     return {"results": results, "memory": memory(ckpts, onnx_dir), "profile": profiles, "graph_nodes": nodes,
             "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine(),
-            "wasm_threads": threads, "webgpu_dispatches": dispatches, "first_visit": visit}
+            "wasm_threads": threads, "webgpu_dispatches": dispatches, "first_visit": visit,
+            "peers": peers, "peer_config": asdict(cfg.plans["peers"]) if peers else None}
 
 
 def machine() -> dict:

@@ -29,7 +29,7 @@ from .peers import PEERS_DIR, ROOT, Threads, judge, references, run_page, servin
 PACKAGE_DIR = ROOT / "bench" / "transformersjs"  # its own npm project: `npm ci` there (.ci/setup)
 TRANSFORMERS_DIR = PACKAGE_DIR / "node_modules" / "@huggingface" / "transformers"
 WASM = "ort-wasm-simd-threaded.asyncify.wasm"  # the onnxruntime-web build transformers.js loads by default
-SMOL_DIR = ROOT / "models" / "smollm2"
+SMOL_DIR = ROOT / "models" / "base"
 
 
 def transformersjs_version() -> str:

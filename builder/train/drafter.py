@@ -5,6 +5,13 @@ the size of the MTP head, trained by distillation on exactly the head's data: th
 prompts of every task with the frozen base's greedy continuations (`distill.greedy_continuations`).
 The loss is cross-entropy with the base's full next-token distribution (soft targets, temperature 1)
 at every position, so the drafter learns the base's distribution, not only its argmax.
+
+For a big base (SmolLM2) the drafter learns from a head trained with --cache-features (`--head DIR`):
+every stage's data of that head, the base's final hidden states read from build/distill/ instead of
+running the base at every step, and targets over the head's draft vocabulary (the base's distribution
+there, renormalised), at the positions the base wrote: exactly what the head learns, so tau compares the
+two draft sources on equal terms. Its own input embedding covers the whole vocabulary (it reads any
+token), and so does its output (a standard checkpoint, tied).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import torch.nn.functional as F
 
 from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
 from ..data.tasks import load_tokenizer
+from ..errors import CheckpointError
 from ..models.head import base_fingerprint
 from ..models.llama import Llama, LlamaConfig, load_llama, save_llama
 from .distill import distilled, make_batches, measure_acceptance, training_prompts
@@ -44,6 +52,7 @@ class DrafterTrainConfig:
     checkpoint_every: int = 200   # steps between checkpoints (in DRAFTER/checkpoint/, also on Ctrl-C)
     prompts_per_task: int = HeadTrainConfig.prompts_per_task  # the head's data (smaller in tests)
     new_tokens: int = HeadTrainConfig.new_tokens
+    head: str | None = None       # a head trained with --cache-features: learn from its data and draft vocabulary
 
 
 def drafter_config(base: LlamaConfig, cfg: DrafterTrainConfig) -> LlamaConfig:
@@ -66,25 +75,70 @@ def distill_loss(drafter: Llama, base: Llama, seqs: torch.Tensor, valid: torch.T
     return loss, (logits.argmax(-1) == target.argmax(-1))[valid].float().mean().item()
 
 
+def head_data(base: Llama, tok, corpus, head_dir: str, fingerprint: str):
+    """The sequences every stage of the head in head_dir trained on (each once), with the base's final
+    hidden states (build/distill/, distilled where missing), and the base's LM head rows of the head's draft
+    vocabulary with their ids: what the head's soft targets are made of."""
+    from ..models.head import load_head
+    from .head import training_stages
+
+    head = load_head(head_dir, base)
+    if not head.config.draft_vocab:
+        raise CheckpointError(f"the head in {head_dir} has no draft vocabulary: train the drafter on the base itself")
+    log = json.loads((Path(head_dir) / "train_log.json").read_text())
+    data, hidden, seen, prompts = [], [], set(), []
+    for stage in training_stages(log):
+        t = stage["train_config"]
+        stage_prompts = training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"))
+        got, feats = distilled(base, fingerprint, stage_prompts, t["new_tokens"], head.config.kv_layer)
+        prompts += stage_prompts
+        for d, f in zip(got, feats):
+            if tuple(d[1]) not in seen:
+                seen.add(tuple(d[1]))
+                data.append(d)
+                hidden.append((f[0],))  # the read layer's keys and values are the head's, not the drafter's
+    return data, hidden, prompts, (base.lm_head.weight[head.d2t].detach().clone(), head.d2t.clone())
+
+
+def feature_loss(drafter: Llama, vocabulary, seqs: torch.Tensor, valid: torch.Tensor, hidden: torch.Tensor):
+    """Cross-entropy with the base's next-token distribution over the draft vocabulary (from its cached
+    final hidden states) at the positions whose next token the base wrote; the drafter's own softmax is
+    over the whole vocabulary. Returns the loss and the share where the two argmaxes agree."""
+    rows, d2t = vocabulary
+    at = F.pad(valid[:, 1:], (0, 1))  # position t is scored on token t + 1
+    with torch.no_grad():
+        target = F.softmax(F.linear(hidden[at].float(), rows), dim=-1)  # (P, draft vocabulary)
+    logits = drafter(seqs, logits_at=at)[0]  # (P, V)
+    loss = -(target * F.log_softmax(logits, dim=-1)[:, d2t]).sum(-1).mean()
+    return loss, (logits.argmax(-1) == d2t[target.argmax(-1)]).float().mean().item()
+
+
 def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, run_dir: Path | None = None,
                   stop_at: int | None = None):
     """Distils and trains with the one training loop (loop.py); with a run directory, checkpointed every
     cfg.checkpoint_every steps and on Ctrl-C, and resumed from it to the weights of a run never stopped."""
     torch.manual_seed(cfg.seed)
     t0 = time.time()
-    data_cfg = HeadTrainConfig(seed=cfg.seed, prompts_per_task=cfg.prompts_per_task, new_tokens=cfg.new_tokens)  # the head's data
-    prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
     fingerprint = base_fingerprint(base)
-    data = distilled(base, fingerprint, prompts, data_cfg.new_tokens)
+    feats = vocabulary = None
+    if cfg.head:
+        data, feats, prompts, vocabulary = head_data(base, tok, corpus, cfg.head, fingerprint)
+    else:
+        data_cfg = HeadTrainConfig(seed=cfg.seed, prompts_per_task=cfg.prompts_per_task, new_tokens=cfg.new_tokens)  # the head's data
+        prompts = training_prompts(tok, corpus, data_cfg.prompts_per_task, data_cfg.seed)
+        data = distilled(base, fingerprint, prompts, data_cfg.new_tokens)
     data_seconds = time.time() - t0
 
     drafter = Llama(drafter_config(base.config, cfg))
     drafter.init_weights(cfg.seed)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    batch = sequential(make_batches(data, cfg.batch_size, random.Random(cfg.seed)))
+    batch = sequential(make_batches(data, cfg.batch_size, random.Random(cfg.seed), feats))
 
     def step_loss(step: int):
-        loss, agree = distill_loss(drafter, base, *batch(step))
+        if feats is None:
+            loss, agree = distill_loss(drafter, base, *batch(step))
+        else:
+            loss, agree = feature_loss(drafter, vocabulary, *batch(step))
         return loss, {"agree": agree}
 
     key = {"config": asdict(cfg), "base": fingerprint, "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()}
@@ -121,6 +175,19 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
 
 def write_card(out: Path, log: dict) -> None:
     acc, c = log["acceptance"], log["train_config"]
+    if c.get("head"):
+        data_rows = (f"| data | every sequence the MTP head in `{c['head']}` trained on, all its stages: task prompts with the "
+                     f"frozen base's greedy answers ({log['sequences']:,} sequences), and the base's final hidden states "
+                     f"cached with them (build/distill/) |\n| loss | cross-entropy with the base's next-token distribution "
+                     f"over the head's draft vocabulary (from those hidden states, renormalised: the head's soft targets) at "
+                     f"every position whose next token the base wrote; the drafter's own softmax is over the whole vocabulary")
+        command = (f"`python -m builder train-drafter --head {c['head']} --hidden-size {c['hidden_size']} --layers {c['layers']} "
+                   f"--intermediate-size {c['intermediate_size']} --steps {c['steps']}`")
+    else:
+        data_rows = (f"| data | the MTP head's: the same training-split prompts of every task with the frozen base's greedy "
+                     f"continuations ({log['sequences']:,} sequences) |\n| loss | cross-entropy with the base's full "
+                     f"next-token distribution at every position")
+        command = "`python -m builder train-drafter`"
     rows = "\n".join(f"| {v['task']} | {v['k']} | {v['tau']:.2f} | {' '.join(f'{p:.2f}' for p in v['accept_by_position'])} "
                      f"| {v['mismatches']} |" for v in acc.values())
     (out / "README.md").write_text(f"""# Independent drafter (baseline)
@@ -128,15 +195,14 @@ def write_card(out: Path, log: dict) -> None:
 A small Llama-family language model with its own embeddings, KV cache and prefill: the **independent
 drafter** that Frozen MTP is compared against. Standard Hugging Face layout (`config.json`,
 `model.safetensors`, `tokenizer.json`: the base's tokenizer). Reproduce it with
-`python -m builder train-drafter` (seeded).
+{command} (seeded).
 
 | | |
 | --- | --- |
 | parameters | {log['drafter_parameters']:,} (about the MTP head's: see `models/mtp/README.md`) |
 | layers | {c['layers']} decoder layers, width {c['hidden_size']}, MLP {c['intermediate_size']}, {c['heads']} query / {c['kv_heads']} key-value heads, embeddings tied |
-| data | the MTP head's: the same training-split prompts of every task with the frozen base's greedy continuations ({log['sequences']:,} sequences) |
-| loss | cross-entropy with the base's full next-token distribution at every position |
-| training | {c['steps']} steps of {c['batch_size']} sequences, AdamW lr {c['lr']}; {log['data_seconds']} s of data, {log['train_seconds']} s of training on 2 CPU cores |
+{data_rows} |
+| training | {c['steps']} steps of {c['batch_size']} sequences, AdamW lr {c['lr']}; {log['data_seconds']} s of data{' (read from the cache)' if c.get('head') else ''}, {log['train_seconds']} s of training on 2 CPU cores |
 | final loss | {log['final_loss']:.3f}; argmax agreement with the base on the base's tokens {log['final_agreement_with_base']:.2f} |
 
 ## Acceptance (validation prompts, 48 new tokens, torch)

@@ -300,7 +300,7 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
         if rank > 0:
             return log  # rank 0 saves the head, measures it and writes the card
     base, head = base.cpu(), head.cpu()
-    log.update(base=str(base_dir), data=str(data or "built-in corpus"))
+    log.update(base=str(base_dir), head=str(out), data=str(data or "built-in corpus"))
     if cfg.init and (Path(cfg.init) / "train_log.json").is_file():  # the stages before this one, for the card
         before = json.loads((Path(cfg.init) / "train_log.json").read_text())
         log["init_log"] = {k: v for k, v in before.items() if k != "acceptance"}
@@ -325,6 +325,8 @@ def stage_command(log: dict) -> str:
         parts.append("--cache-features")
     if log.get("base") not in (None, "models/base"):
         parts.insert(0, f"--base {log['base']}")
+    if log.get("head") not in (None, "models/mtp"):  # where the stage wrote its head (a later stage's --init)
+        parts.insert(0, f"--head {log['head']}")
     if t.get("task_prompts"):
         parts.append("--task-prompts " + ",".join(f"{k}={v}" for k, v in t["task_prompts"].items()))
     if log.get("data") not in (None, "built-in corpus"):
@@ -403,7 +405,7 @@ head and keeps no cache over the prompt: no prefill.
 {training}
 
 The base's parameters never required gradients and were checked bit-for-bit unchanged afterwards.
-
+{f"{chr(10)}Saved in {log['weights']}; the table below is measured on the saved weights.{chr(10)}" if log.get('weights') else ''}
 ## Acceptance on validation prompts (never trained on)
 
 tau = mean over decode steps of (accepted drafts + 1): tokens decided per base pass. Acceptance by
