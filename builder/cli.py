@@ -367,13 +367,15 @@ def cmd_bench(args) -> None:
             raise PromptError(f"--ks must lie between 1 and {k_max} (the head drafts at most {k_max}), got {args.ks}")
     from .models.gguf import SOURCE
 
+    gguf_base = (Path(args.base) / SOURCE).is_file()
     if args.peers is None:
-        peers = tuple(PEERS) if (Path(args.base) / SOURCE).is_file() else ()
+        peers = tuple(PEERS) if gguf_base else ()
     else:
         peers = tuple(x.strip() for x in args.peers.split(",") if x.strip() and x.strip() != "none")
-    if [x for x in peers if x not in PEERS]:
-        raise PromptError(f"unknown peer {[x for x in peers if x not in PEERS][0]}: choose from {', '.join(PEERS)}, or none")
-    if peers and not (Path(args.base) / SOURCE).is_file():
+    unknown = [x for x in peers if x not in PEERS]
+    if unknown:
+        raise PromptError(f"unknown peer {unknown[0]}: choose from {', '.join(PEERS)}, or none")
+    if peers and not gguf_base:
         raise PromptError(f"--peers: the peers run the GGUF file a base was imported from; {args.base} has no {SOURCE}")
     cfg = BenchConfig(runtimes=runtimes, peers=peers)
     override = {name: v for name, v in (("prompts", args.prompts), ("new_tokens", args.new_tokens), ("ks", ks),

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -77,13 +76,10 @@ def serve_wllama(gguf: Path | None = None) -> Iterator[str]:
 @contextmanager
 def serving(root: Path) -> Iterator[str]:
     """A peer's folder on a free port of 127.0.0.1 with serve.py's handler (COOP/COEP); yields its URL."""
-    server = Server(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    from ..site.browser import running
+
+    with running(Server(("127.0.0.1", 0), partial(Handler, directory=str(root)))) as url:
+        yield url
 
 
 def run_page(browser, url: str, name: str, prompts: list[list[int]], n_predict: int, threads: Threads,

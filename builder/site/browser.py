@@ -26,15 +26,21 @@ def chromium_path() -> str:
 
 
 @contextmanager
-def served(directory: Path):
-    """The built site in directory, served on a free port of 127.0.0.1; yields its URL."""
-    server = make_server(directory, 0)
+def running(server):
+    """A server of 127.0.0.1 (serve.py's Server) on a thread of its own; yields its URL, then stops it."""
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def served(directory: Path):
+    """The built site in directory, served on a free port of 127.0.0.1; yields its URL."""
+    with running(make_server(directory, 0)) as url:
+        yield url
 
 
 @contextmanager
