@@ -148,6 +148,8 @@ def build_parser() -> Parser:
                                                             "--prompts-per-task, e.g. summarize=4000,proofread=700")
     h.add_argument("--layers", type=positive_int, help="the head's decoder layers (default 1); with --init, more than the "
                    "head has adds layers that start as the identity (a deeper second stage)")
+    h.add_argument("--replay", action="store_true", help="with --init: train on every earlier stage's data as well as "
+                                                          "this stage's prompts (a stage on one task that keeps the others)")
     h.add_argument("--init", help="a head trained for this base to go on training (a second stage on more data, "
                                   "e.g. another --seed); it keeps its architecture (but --layers may add layers) and base layer")
     r = sub.add_parser("bench", help="plain vs MTP vs drafter: speed, acceptance and memory, in Python and the browser")
@@ -331,7 +333,8 @@ def cmd_train_head(args) -> None:
     options = {"steps": args.steps, "prompts_per_task": args.prompts_per_task, "batch_size": args.batch_size,
                "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets,
                "kv_layer": args.kv_layer, "lr": args.lr, "task_prompts": args.task_prompts, "init": args.init,
-               "layers": args.layers, "draft_vocab": args.draft_vocab, "cache_features": args.cache_features or None}
+               "layers": args.layers, "draft_vocab": args.draft_vocab, "cache_features": args.cache_features or None,
+               "replay": args.replay or None}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart)

@@ -184,6 +184,32 @@ def test_a_second_stage_goes_on_from_a_trained_head(corpus, tmp_path):
         train_head(other.eval(), tok, small, HeadTrainConfig(steps=1, init=str(tmp_path / "first"), **cfg))
 
 
+def test_a_stage_can_replay_the_stages_before_it(corpus, tmp_path, monkeypatch):
+    """--replay: a stage trains on the data of every stage of its --init head as well as its own prompts,
+    each sequence once (with the features kept or the base run live), and its command line says so."""
+    import builder.train.head as th
+
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    seen = []
+    real = th.make_batches
+    monkeypatch.setattr(th, "make_batches", lambda data, *a: seen.append([tuple(s) for _, s in data]) or real(data, *a))
+    for cached in (True, False):
+        cfg = dict(prompts_per_task=4, new_tokens=6, batch_size=4, k=2, cache_features=cached)
+        first, log = train_head(tiny, tok, small, HeadTrainConfig(steps=1, **cfg))
+        save_head(first, tmp_path / f"first{cached}")
+        (tmp_path / f"first{cached}" / "train_log.json").write_text(json.dumps(log))
+        second = HeadTrainConfig(steps=1, seed=1, init=str(tmp_path / f"first{cached}"), **cfg)
+        _, alone = train_head(tiny, tok, small, second)
+        _, both = train_head(tiny, tok, small, HeadTrainConfig(**{**second.__dict__, "replay": True}))
+        earlier, own, replayed = seen[-3:]
+        assert replayed == list(dict.fromkeys(earlier + own)), "replay: the earlier stage's data, then this stage's, each once"
+        assert both["sequences"] == len(replayed) > alone["sequences"] == len(own)
+        assert "--replay" in th.stage_command(both) and "--replay" not in th.stage_command(alone)
+        assert "every earlier stage's prompts" in th.stage_text({**both, "data_seconds": 0, "train_seconds": 0})
+    with pytest.raises(CheckpointError, match="give --init"):
+        train_head(tiny, tok, small, HeadTrainConfig(steps=1, replay=True, **cfg))
+
+
 def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
     """--cache-features trains as the base run at every step does (its features kept in fp16: the same
     loss to fp16's precision), from parts a second run reads back; --draft-vocab N drafts only the base's

@@ -140,6 +140,19 @@ def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_token
     return data if kv_layer is None else (data, feats)
 
 
+def each_once(parts: list) -> tuple[list, list]:
+    """Several distillations (each as `distilled` returns it with kv_layer: (data, features)) as one, every
+    sequence once (where it first came): stages whose prompts overlap."""
+    data, feats, seen = [], [], set()
+    for got, fs in parts:
+        for d, f in zip(got, fs):
+            if tuple(d[1]) not in seen:
+                seen.add(tuple(d[1]))
+                data.append(d)
+                feats.append(f)
+    return data, feats
+
+
 def make_batches(data, batch: int, rng: random.Random, feats: list | None = None):
     """Endless batches of similar length, right-padded (causal attention ignores the padding). The order
     depends on the data's content only, not on the order it came in (distilled by one process or several).

@@ -31,7 +31,7 @@ from ..data.tasks import load_tokenizer
 from ..errors import CheckpointError
 from ..models.head import base_fingerprint
 from ..models.llama import Llama, LlamaConfig, load_llama, save_llama
-from .distill import distilled, make_batches, measure_acceptance, training_prompts
+from .distill import distilled, each_once, make_batches, measure_acceptance, training_prompts
 from .head import HeadTrainConfig
 from .loop import Run, Schedule, sequential, train
 
@@ -80,23 +80,16 @@ def head_data(base: Llama, tok, corpus, head_dir: str, fingerprint: str):
     hidden states (build/distill/, distilled where missing), and the base's LM head rows of the head's draft
     vocabulary with their ids: what the head's soft targets are made of."""
     from ..models.head import load_head
-    from .head import training_stages
+    from .head import stage_prompts, training_stages
 
     head = load_head(head_dir, base)
     if not head.config.draft_vocab:
         raise CheckpointError(f"the head in {head_dir} has no draft vocabulary: train the drafter on the base itself")
-    log = json.loads((Path(head_dir) / "train_log.json").read_text())
-    data, hidden, seen, prompts = [], [], set(), []
-    for stage in training_stages(log):
-        t = stage["train_config"]
-        stage_prompts = training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"))
-        got, feats = distilled(base, fingerprint, stage_prompts, t["new_tokens"], head.config.kv_layer)
-        prompts += stage_prompts
-        for d, f in zip(got, feats):
-            if tuple(d[1]) not in seen:
-                seen.add(tuple(d[1]))
-                data.append(d)
-                hidden.append((f[0],))  # the read layer's keys and values are the head's, not the drafter's
+    stages = training_stages(json.loads((Path(head_dir) / "train_log.json").read_text()))
+    parts = [(stage_prompts(tok, corpus, stage), stage["train_config"]["new_tokens"]) for stage in stages]
+    data, feats = each_once([distilled(base, fingerprint, ps, n, head.config.kv_layer) for ps, n in parts])
+    hidden = [(f[0],) for f in feats]  # the read layer's keys and values are the head's, not the drafter's
+    prompts = [p for ps, _ in parts for p in ps]
     return data, hidden, prompts, (base.lm_head.weight[head.d2t].detach().clone(), head.d2t.clone())
 
 

@@ -37,7 +37,7 @@ from ..data.tasks import TASKS, load_tokenizer
 from ..errors import CheckpointError
 from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from ..models.llama import Llama, load_llama
-from .distill import distilled, greedy_continuations, make_batches, measure_acceptance, training_prompts
+from .distill import distilled, each_once, greedy_continuations, make_batches, measure_acceptance, training_prompts
 from .loop import RunState, Run, Schedule, sequential, train
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ class HeadTrainConfig:
                                   # distilled data (0: its whole vocabulary)
     cache_features: bool = False  # keep the base's hidden states and the read layer's keys/values from its
                                   # distillation (build/distill/), instead of running it at every step: a big base
+    replay: bool = False          # with init: train on every earlier stage's data too (each sequence once), not
+                                  # this stage's prompts alone, so a stage on one task's data does not forget the rest
 
 
 def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
@@ -216,14 +218,22 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                                                        num_layers=cfg.layers or 1, draft_vocab=cfg.draft_vocab))
         init_random(head, cfg.seed)
     t0 = time.time()
-    prompts = training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts)
+    parts = [(training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts), cfg.new_tokens)]
+    if cfg.replay:  # the earlier stages' prompts first, as they were drawn
+        if not cfg.init:
+            raise CheckpointError("--replay replays the stages of the head given by --init: give --init")
+        stages = training_stages(json.loads((Path(cfg.init) / "train_log.json").read_text()))
+        parts = [(stage_prompts(tok, corpus, st), st["train_config"]["new_tokens"]) for st in stages] + parts
+    prompts = [p for ps, _ in parts for p in ps]
     feats, read = None, head.config.kv_layer if cfg.cache_features else None
-    if world > 1:
-        data = distil_together(base, prompts, cfg.new_tokens, read)
+    got = [distil_together(base, ps, n, read) if world > 1 else distilled(base, before, ps, n, read) for ps, n in parts]
+    if cfg.replay:
+        data, feats = each_once(got if read is not None else [(d, [None] * len(d)) for d in got])
+        feats = feats if read is not None else None
     else:
-        data = distilled(base, before, prompts, cfg.new_tokens, read)
-    if read is not None:
-        data, feats = data
+        data = got[0]
+        if read is not None:
+            data, feats = data
     data_seconds = time.time() - t0
     if head.config.draft_vocab and not cfg.init:
         head.d2t.copy_(draft_vocabulary(data, head.config.draft_vocab))
@@ -284,6 +294,11 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the distilled targets need not be bit-exact
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
     corpus = load_text_corpus(data) if data else load_corpus(HEAD_SOURCES)
+    if cfg.replay and cfg.init and (Path(cfg.init) / "train_log.json").is_file():
+        theirs = {st.get("data", "built-in corpus") for st in training_stages(json.loads((Path(cfg.init) / "train_log.json").read_text()))}
+        if theirs != {str(data or "built-in corpus")}:
+            raise CheckpointError(f"--replay: the stages of {cfg.init} drew their prompts from {', '.join(sorted(theirs))}, "
+                                  f"not {data or 'the built-in corpus'}: give the same --data")
     checkpoint = out / "checkpoint"
     if restart and checkpoint.exists():
         shutil.rmtree(checkpoint)
@@ -323,6 +338,8 @@ def stage_command(log: dict) -> str:
     parts = [f"{flag} {t[key]}" for key, flag in flags.items() if t.get(key, d[key]) != d[key]]
     if t.get("cache_features"):
         parts.append("--cache-features")
+    if t.get("replay"):
+        parts.append("--replay")
     if log.get("base") not in (None, "models/base"):
         parts.insert(0, f"--base {log['base']}")
     if log.get("head") not in (None, "models/mtp"):  # where the stage wrote its head (a later stage's --init)
@@ -352,11 +369,19 @@ def stage_text(log: dict) -> str:
     if t.get("init") and added > 0:
         start += (f" with {added} decoder layer{'s' if added > 1 else ''} added after its own (starting as the"
                   " identity: output projections zero)")
+    if t.get("replay"):
+        prompts += ", and again every earlier stage's prompts (`--replay`)"
     return f"""{prompts}; the base wrote its own greedy continuation of each
-({log['sequences']} sequences, {log['distilled_tokens']:,} tokens, {log['data_seconds']} s). The head, {start}, was trained to
+({log['sequences']} sequences{', each once' if t.get('replay') else ''}, {log['distilled_tokens']:,} tokens, {log['data_seconds']} s). The head, {start}, was trained to
 predict {target} at each of the {t['k']} draft positions of every anchor, its own hidden state fed back:
 {t['steps']} AdamW steps of {t['batch_size']} sequences, lr {t['lr']}, **{log['train_seconds'] / 60:.0f} minutes** on a
 2-core CPU; final training loss {log['final_loss']:.3f}. `{stage_command(log)}`"""
+
+
+def stage_prompts(tok, corpus: Corpus, stage: dict) -> list[list[int]]:
+    """The prompts one training stage drew (its own, not those it replayed), from its log."""
+    t = stage["train_config"]
+    return training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"))
 
 
 def training_stages(log: dict) -> list[dict]:
