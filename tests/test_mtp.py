@@ -208,6 +208,9 @@ def test_a_stage_can_replay_the_stages_before_it(corpus, tmp_path, monkeypatch):
         assert "every earlier stage's prompts" in th.stage_text({**both, "data_seconds": 0, "train_seconds": 0})
     with pytest.raises(CheckpointError, match="give --init"):
         train_head(tiny, tok, small, HeadTrainConfig(steps=1, replay=True, **cfg))
+    save_head(first, tmp_path / "first")  # a head without its train_log.json
+    with pytest.raises(CheckpointError, match="train_log.json is missing"):
+        train_head(tiny, tok, small, HeadTrainConfig(steps=1, replay=True, init=str(tmp_path / "first"), **cfg))
 
 
 def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):

@@ -222,6 +222,9 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     if cfg.replay:  # the earlier stages' prompts first, as they were drawn
         if not cfg.init:
             raise CheckpointError("--replay replays the stages of the head given by --init: give --init")
+        if not (Path(cfg.init) / "train_log.json").is_file():
+            raise CheckpointError(f"--replay: {Path(cfg.init) / 'train_log.json'} is missing, the record of the stages "
+                                  f"to replay that train-head writes with the head")
         stages = training_stages(json.loads((Path(cfg.init) / "train_log.json").read_text()))
         parts = [(stage_prompts(tok, corpus, st), st["train_config"]["new_tokens"]) for st in stages] + parts
     prompts = [p for ps, _ in parts for p in ps]
