@@ -220,23 +220,14 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     t0 = time.time()
     parts = [(training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts), cfg.new_tokens)]
     if cfg.replay:  # the earlier stages' prompts first, as they were drawn
-        if not cfg.init:
-            raise CheckpointError("--replay replays the stages of the head given by --init: give --init")
-        if not (Path(cfg.init) / "train_log.json").is_file():
-            raise CheckpointError(f"--replay: {Path(cfg.init) / 'train_log.json'} is missing, the record of the stages "
-                                  f"to replay that train-head writes with the head")
-        stages = training_stages(json.loads((Path(cfg.init) / "train_log.json").read_text()))
-        parts = [(stage_prompts(tok, corpus, st), st["train_config"]["new_tokens"]) for st in stages] + parts
+        parts = [(stage_prompts(tok, corpus, st), st["train_config"]["new_tokens"]) for st in replayed_stages(cfg.init)] + parts
     prompts = [p for ps, _ in parts for p in ps]
     feats, read = None, head.config.kv_layer if cfg.cache_features else None
     got = [distil_together(base, ps, n, read) if world > 1 else distilled(base, before, ps, n, read) for ps, n in parts]
-    if cfg.replay:
-        data, feats = each_once(got if read is not None else [(d, [None] * len(d)) for d in got])
-        feats = feats if read is not None else None
-    else:
-        data = got[0]
-        if read is not None:
-            data, feats = data
+    if read is None:  # the data alone
+        got = [(d, [None] * len(d)) for d in got]
+    data, feats = each_once(got) if cfg.replay else got[0]
+    feats = feats if read is not None else None
     data_seconds = time.time() - t0
     if head.config.draft_vocab and not cfg.init:
         head.d2t.copy_(draft_vocabulary(data, head.config.draft_vocab))
@@ -297,8 +288,8 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the distilled targets need not be bit-exact
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
     corpus = load_text_corpus(data) if data else load_corpus(HEAD_SOURCES)
-    if cfg.replay and cfg.init and (Path(cfg.init) / "train_log.json").is_file():
-        theirs = {st.get("data", "built-in corpus") for st in training_stages(json.loads((Path(cfg.init) / "train_log.json").read_text()))}
+    if cfg.replay:
+        theirs = {st.get("data", "built-in corpus") for st in replayed_stages(cfg.init)}
         if theirs != {str(data or "built-in corpus")}:
             raise CheckpointError(f"--replay: the stages of {cfg.init} drew their prompts from {', '.join(sorted(theirs))}, "
                                   f"not {data or 'the built-in corpus'}: give the same --data")
@@ -385,6 +376,17 @@ def stage_prompts(tok, corpus: Corpus, stage: dict) -> list[list[int]]:
     """The prompts one training stage drew (its own, not those it replayed), from its log."""
     t = stage["train_config"]
     return training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"))
+
+
+def replayed_stages(init: str | None) -> list[dict]:
+    """The stages `--replay` trains on again: every stage of the --init head, from its train_log.json."""
+    if not init:
+        raise CheckpointError("--replay replays the stages of the head given by --init: give --init")
+    path = Path(init) / "train_log.json"
+    if not path.is_file():
+        raise CheckpointError(f"--replay: {path} is missing, the record of the stages to replay that train-head "
+                              f"writes with the head")
+    return training_stages(json.loads(path.read_text()))
 
 
 def training_stages(log: dict) -> list[dict]:
