@@ -100,9 +100,9 @@ def test_rollback_is_a_prefix_view_of_the_cache():
     model.init_weights(seed=4)
     ids = torch.randint(0, SMALL["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(3))
     backend = TorchBackend(model)
-    fed = backend.prefill(ids[0, :12].tolist())      # 12 positions, of which the last 4 get "rejected"
-    kept = backend.rollback(fed, 8)
-    assert kept.ids == ids[0, :8].tolist() and kept.hidden.shape[0] == 8
+    _, _, fed = backend.verify(backend.prefill(ids[0, :4].tolist()), ids[0, 4:12].tolist())  # 12 positions,
+    kept = backend.rollback(fed, 4)  # of which the last 4 of the 8 verified get "rejected"
+    assert kept.ids == ids[0, :8].tolist() and kept.hidden.shape[0] == 4
     for (k, v), (k0, v0) in zip(kept.cache, fed.cache):
         assert k.shape[1] == v.shape[1] == 8, "the cache must hold the 8 kept positions"
         assert k.data_ptr() == k0.data_ptr() and v.data_ptr() == v0.data_ptr(), "rollback must not copy"

@@ -176,15 +176,17 @@ def test_norms_and_rotary_embeddings_of_the_fp32_graphs_are_fused_operators(onnx
 
 @pytest.mark.parametrize("length", [1, 2, 7, 100])
 def test_dynamic_axes_are_dynamic(backend, base, length):
-    """A prefill of any length (past S = 0), then a verify of 3 tokens on top: the torch results."""
+    """A prefill of any length (past S = 0), then a verify of 3 tokens on top: the torch results. The prefill
+    decides after its last token only (outputs_at), the verify after each."""
     ids = torch.randint(0, base.config.vocab_size, (length + 3,), generator=torch.Generator().manual_seed(length)).tolist()
     state = backend.prefill(ids[:length])
     with torch.no_grad():
-        _, hidden, cache = base(torch.tensor([ids[:length]]))
+        logits1, hidden, cache = base(torch.tensor([ids[:length]]))
         logits, hidden2, _ = base(torch.tensor([ids[length:]]), cache)
-    assert state.hidden.shape == (1, length, base.config.hidden_size)
+    assert state.hidden.shape == (1, 1, base.config.hidden_size) and len(state.choices) == 1
     assert all(t.shape[1] == length for t in state.cache.values())
-    np.testing.assert_allclose(state.hidden, hidden.numpy(), atol=1e-4, err_msg=f"prefill of {length}")
+    np.testing.assert_allclose(state.hidden, hidden[:, -1:].numpy(), atol=1e-4, err_msg=f"prefill of {length}")
+    assert state.choices == [int(logits1[0, -1].argmax())]
     choices, margins, state = backend.verify(state, ids[length:])
     assert choices == logits[0].argmax(-1).tolist(), f"verify after a prefill of {length}"
     np.testing.assert_allclose(state.hidden, hidden2.numpy(), atol=1e-4)

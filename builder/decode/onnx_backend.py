@@ -28,7 +28,8 @@ from .drafter import IndependentDrafter
 @dataclass
 class OnnxState:
     cache: dict[str, np.ndarray]  # past input name -> (1, S, n_kv, head_dim): positions 0..S-1
-    hidden: np.ndarray            # (1, T, C) the base's hidden output for the last T fed tokens; the last is the anchor
+    hidden: np.ndarray            # (1, T, C) the base's hidden output for the last T fed tokens (after a prefill, its
+                                  # last only); the last is the anchor
     embeds: np.ndarray | None     # (1, T, C) the embeddings of the base's choices there, when a head reads them
     choices: list[int]            # the base's choices there
     ids: list[int]                # the S tokens in the cache
@@ -90,8 +91,10 @@ class OnnxBackend:
         self.run_seconds[what].append(time.perf_counter() - t0)
         return out
 
-    def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int]):
-        feeds = {"input_ids": np.array([ids], dtype=np.int64), **state_cache}
+    def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int], last_only: bool = False):
+        """The base on ids after the cache: its choices after every id (a verify) or after the last (a prefill)."""
+        at = [len(ids) - 1] if last_only else range(len(ids))
+        feeds = {"input_ids": np.array([ids], dtype=np.int64), "outputs_at": np.array(at, dtype=np.int64), **state_cache}
         out = dict(zip(self.outputs, self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)))
         cache = {past: out[name] for name, past in self.present.items()}
         choices, margins, hidden, embeds = out["choices"][0].tolist(), out["margins"], out["hidden"], out.get("embeds")
@@ -99,7 +102,7 @@ class OnnxBackend:
 
     def prefill(self, ids: list[int]) -> OnnxState:
         empty = np.zeros([1, 0, *self.kv_shape[2:]], dtype=self.float)  # S = 0: no past yet
-        return self._base({name: empty for name in self.past}, [], ids)[2]
+        return self._base({name: empty for name in self.past}, [], ids, last_only=True)[2]
 
     def verify(self, state: OnnxState, ids: list[int]):
         return self._base(state.cache, state.ids, ids)
@@ -122,10 +125,10 @@ class OnnxBackend:
         empty = np.zeros([1, 0, *kv["shape"][2:]], dtype=self.float)
 
         def forward(ids, cache):
-            feeds = {"input_ids": np.array([ids], dtype=np.int64),
+            feeds = {"input_ids": np.array([ids], dtype=np.int64), "outputs_at": np.array([len(ids) - 1], dtype=np.int64),
                      **(cache if cache is not None else {name: empty for name in kv["past_inputs"]})}
             choices, *present = self._run(session, f"drafter T={len(ids)}", outputs, feeds)
-            return int(choices[0, -1]), {present_to_past[n]: t for n, t in zip(kv["present_outputs"], present)}
+            return int(choices[0, 0]), {present_to_past[n]: t for n, t in zip(kv["present_outputs"], present)}
 
         return IndependentDrafter(forward, lambda cache, n: {name: t[:, :n] for name, t in cache.items()})
 

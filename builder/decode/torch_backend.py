@@ -25,7 +25,8 @@ def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass
 class TorchState:
     cache: list[KV]       # per layer (key, value), (1, S, n_kv, head_dim): positions 0..S-1
-    hidden: torch.Tensor  # (T, C) the base's final hidden states of the last T fed tokens; the last is the anchor
+    hidden: torch.Tensor  # (T, C) the base's final hidden states of the last T fed tokens (after a prefill, its last
+                          # only); the last is the anchor
     choices: list[int]    # the base's greedy choices there
     ids: list[int]        # the S tokens in the cache
 
@@ -46,7 +47,8 @@ class TorchBackend:
 
     @torch.no_grad()
     def prefill(self, ids: list[int]) -> TorchState:
-        logits, hidden, cache = self.base(torch.tensor([ids]))
+        """The base reads ids; it decides after the last only (as the graphs' prefill: graphs.py)."""
+        logits, hidden, cache = self.base(torch.tensor([ids]), at=torch.tensor([len(ids) - 1]))
         return TorchState(cache, hidden[0], greedy(logits[0])[0].tolist(), list(ids))
 
     @torch.no_grad()

@@ -3,13 +3,17 @@
 Graphs, all exported from the one model definition (models/llama.py, models/head.py) through small
 wrappers that only rename and flatten:
 
-    base.onnx     input_ids (1, T), past_key_i / past_value_i (1, S, n_kv, head_dim) for every layer i
-                  -> choices (1, T) int64     the greedy token after each fed position (argmax in the graph)
-                     margins (1, T) float     top-1 minus top-2 logit there (the exactness rule's; a page leaves it on the GPU)
-                     hidden (1, T, C)         the final normed hidden states
-                     embeds (1, T, C)         the embedding of each choice (with a head that reads it)
+    base.onnx     input_ids (1, T), outputs_at (U,) int64: the fed positions (0..T-1) to decide after,
+                  past_key_i / past_value_i (1, S, n_kv, head_dim) for every layer i
+                  -> choices (1, U) int64     the greedy token after each of those positions (argmax in the graph)
+                     margins (1, U) float     top-1 minus top-2 logit there (the exactness rule's; a page leaves it on the GPU)
+                     hidden (1, U, C)         the final normed hidden states there
+                     embeds (1, U, C)         the embedding of each choice (with a head that reads it)
                      present_key_i / present_value_i (1, S + T, n_kv, head_dim)
-                  T and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
+                  T, U and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
+                  A verify decides after every fed token (outputs_at 0..T-1); a prefill, and each run of the
+                  drafter, only after the last (T - 1): the LM head over 49,152 tokens is a fifth of a
+                  pass's arithmetic, which a prefill of T tokens would otherwise do T times for nothing.
     head_k{k}.onnx  k = 1..K: the head's chain of exactly k drafts (drafting k costs k steps)
                   hidden (1, T, C) and anchor (1,) int64: the base's hidden output as it is, and the
                   index of the anchor in it; token (1, 1) int64: the token after the anchor - or, for
@@ -65,8 +69,8 @@ class BaseGraph(nn.Module):
         super().__init__()
         self.base, self.embeds = base, embeds
 
-    def forward(self, input_ids, past: list[torch.Tensor]):
-        logits, hidden, present = self.base(input_ids, list(zip(past[0::2], past[1::2])))
+    def forward(self, input_ids, outputs_at, past: list[torch.Tensor]):
+        logits, hidden, present = self.base(input_ids, list(zip(past[0::2], past[1::2])), at=outputs_at)
         choices, margins = greedy(logits[0])  # (T,), (T,)
         extra = [self.base.model.embed_tokens(choices)[None]] if self.embeds else []
         return choices[None], margins[None], hidden, *extra, [t for kv in present for t in kv]
@@ -125,10 +129,10 @@ def base_io(base: Llama, embeds: bool = True) -> dict:
     layers = range(cfg.num_hidden_layers)
     past = [io(f"past_{kind}_{i}", fl, [1, "S", *kv]) for i in layers for kind in ("key", "value")]
     present = [io(f"present_{kind}_{i}", fl, [1, "S + T", *kv], "gpu") for i in layers for kind in ("key", "value")]
-    return {"inputs": [io("input_ids", "int64", [1, "T"])] + past,
-            "outputs": [io("choices", "int64", [1, "T"], "cpu"), io("margins", fl, [1, "T"], "gpu"),
-                        io("hidden", fl, [1, "T", cfg.hidden_size], "gpu")]
-                       + ([io("embeds", fl, [1, "T", cfg.hidden_size], "gpu")] if embeds else []) + present}
+    return {"inputs": [io("input_ids", "int64", [1, "T"]), io("outputs_at", "int64", ["U"])] + past,
+            "outputs": [io("choices", "int64", [1, "U"], "cpu"), io("margins", fl, [1, "U"], "gpu"),
+                        io("hidden", fl, [1, "U", cfg.hidden_size], "gpu")]
+                       + ([io("embeds", fl, [1, "U", cfg.hidden_size], "gpu")] if embeds else []) + present}
 
 
 def head_io(head: MTPHead, k: int) -> dict:
@@ -168,13 +172,14 @@ def to_onnx(module: nn.Module, args: tuple, spec: dict, dynamic_shapes) -> onnx.
 def export_base(base: Llama, embeds: bool = True) -> tuple[onnx.ModelProto, dict]:
     cfg = base.config
     T = torch.export.Dim("T", min=1, max=cfg.max_position_embeddings)
+    U = torch.export.Dim("U", min=1, max=cfg.max_position_embeddings)
     S = torch.export.Dim("S", min=0, max=cfg.max_position_embeddings)
     # example sizes >= 2 on every dynamic axis, or the exporter specialises the axis
-    ids = torch.zeros(1, 3, dtype=torch.long)
+    ids, at = torch.zeros(1, 3, dtype=torch.long), torch.tensor([1, 2])
     dtype = next(base.parameters()).dtype
     past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_hidden_layers)]
     spec = base_io(base, embeds)
-    return to_onnx(BaseGraph(base, embeds), (ids, past), spec, ({1: T}, [{1: S}] * len(past))), spec
+    return to_onnx(BaseGraph(base, embeds), (ids, at, past), spec, ({1: T}, {0: U}, [{1: S}] * len(past))), spec
 
 
 def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, dict]:

@@ -227,12 +227,15 @@ class Llama(nn.Module):
                 with torch.no_grad():
                     p.copy_(torch.randn(p.shape, generator=g) * std)
 
-    def forward(self, input_ids: torch.Tensor, past: list[KV] | None = None, key_bias=None, logits_at=None):
+    def forward(self, input_ids: torch.Tensor, past: list[KV] | None = None, key_bias=None, logits_at=None,
+                at=None):
         """input_ids (B, T) at positions past_len..past_len+T-1 (key_bias (B, past_len + T): see attend).
 
         Returns logits (B, T, V), hidden (B, T, C) - the final normed hidden states the LM head reads -
         and the present cache: per layer (key, value), each (B, past_len + T, n_kv_heads, head_dim).
         logits_at: a (B, T) mask; the logits then only where it is True, (P, V) (training: a big vocabulary).
+        at: (U,) indices of fed positions; logits (B, U, V) and hidden (B, U, C) only there (decoding: a
+        prefill needs the choice after its last token alone, and the LM head is a fifth of a pass).
         """
         past_len = past[0][0].shape[1] if past else 0
         T = input_ids.shape[1]
@@ -243,7 +246,9 @@ class Llama(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x, kv = layer(x, cos, sin, past[i] if past else None, key_bias)
             present.append(kv)
-        hidden = self.model.norm(x)  # (B, T, C)
+        hidden = self.model.norm(x)  # (B, T, C): of every row, so the graphs keep the last norm fused (fuse.py)
+        if at is not None:
+            hidden = hidden.index_select(1, at)  # (B, U, C)
         return self.lm_head(hidden if logits_at is None else hidden[logits_at]), hidden, present
 
     def num_params(self) -> int:

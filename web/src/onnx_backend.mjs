@@ -61,14 +61,17 @@ export class OnnxBackend {
     return this.sessions.run(graph, feeds, this.trace);
   }
 
+  /** The base reads ids (S = 0: no past yet) and decides after the last only (the graph's outputs_at). */
   async prefill(ids) {
-    const [, state] = await this.verify({ cache: emptyCache(this.kv, this.dtype), ids: [] }, ids);  // S = 0: no past yet
+    const [, state] = await this.verify({ cache: emptyCache(this.kv, this.dtype), ids: [] }, ids, true);
     return state;
   }
 
-  /** Runs the base on ids after the state's cache: [its greedy choices, the state after them]. */
-  async verify(state, ids) {
-    const out = await this.run('base', { input_ids: int64(ids), ...state.cache });
+  /** Runs the base on ids after the state's cache: [its greedy choices after each id (lastOnly: after the
+   * last), the state after them]. */
+  async verify(state, ids, lastOnly = false) {
+    const at = lastOnly ? [ids.length - 1] : ids.map((_, i) => i);
+    const out = await this.run('base', { input_ids: int64(ids), outputs_at: int64(at, [at.length]), ...state.cache });
     this.sessions.dispose(out.margins);  // never read: the exactness rule's margins are the Python reference's
     const cache = cacheOf(out, this.kv);
     this.release();  // the run has read the old state: the new one replaces it
@@ -106,10 +109,11 @@ export class OnnxBackend {
   independentDrafter(kv) {
     const empty = emptyCache(kv, this.dtype);
     const forward = async (ids, cache) => {
-      const out = await this.run('drafter', { input_ids: int64(ids), ...(cache ?? empty) });
+      const out = await this.run('drafter', { input_ids: int64(ids), outputs_at: int64([ids.length - 1], [1]),
+        ...(cache ?? empty) });
       this.sessions.dispose(out.margins);
       this.sessions.dispose(out.hidden);
-      return [Number(out.choices.data.at(-1)), cacheOf(out, kv)];
+      return [Number(out.choices.data[0]), cacheOf(out, kv)];
     };
     const release = (cache) => Object.values(cache ?? {}).forEach((t) => this.sessions.dispose(t));
     return new IndependentDrafter(forward, (cache, n) => mapValues(cache, (t) => prefix(t, n)), release);
