@@ -33,3 +33,32 @@ def test_transformersjs_decodes_the_smollm2_export_greedily_from_token_ids(brows
     assert verdict in ("equal", "near-tie"), f"{verdict} at {at}: {first['ids']} vs {reference.ids}"
     assert first["decode_ms"] > 0 and first["prefill_ms"] > 0 and first["tokens_per_s"] > 0
     assert second["ids"] == first["ids"]  # greedy: the same output every run
+
+
+def test_the_export_keeps_the_logits_transformersjs_asks_for(base, tmp_path):
+    """num_logits_to_keep, as optimum's exports have it: 0 keeps every position's logits, n the last n
+    (transformers.js feeds 1 when it generates, so a prompt never passes the LM head). Checked on the
+    in-house base's export in onnxruntime: each is the matching rows of the whole, which equals torch."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    from builder.bench.hf_onnx import export_graph
+
+    onnx.save_model(export_graph(base), tmp_path / "model.onnx", save_as_external_data=True, location="model.onnx_data")
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert "num_logits_to_keep" in [i.name for i in session.get_inputs()]
+    cfg, T = base.config, 7
+    ids = np.arange(5, 5 + T)[None]
+    feeds = {"input_ids": ids, "attention_mask": np.ones((1, T), np.int64), "position_ids": np.arange(T)[None],
+             **{i.name: np.zeros((1, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
+                for i in session.get_inputs() if i.name.startswith("past_key_values")}}
+    logits = {n: session.run(["logits"], {**feeds, "num_logits_to_keep": np.array(n)})[0] for n in (0, 1, 3)}
+    with torch.no_grad():
+        want = base(torch.tensor(ids))[0].numpy()
+    assert logits[0].shape == (1, T, cfg.vocab_size)
+    np.testing.assert_allclose(logits[0], want, atol=1e-4)
+    for n in (1, 3):
+        assert logits[n].shape == (1, n, cfg.vocab_size)
+        np.testing.assert_allclose(logits[n], logits[0][:, -n:], atol=1e-5)

@@ -14,14 +14,16 @@ attention_mask (batch, S + T) int64, position_ids (batch, T) int64, past_key_val
 (batch, n_kv_heads, S, head_dim); outputs logits (batch, T, vocab) and present.{i}.key / .value
 (batch, n_kv_heads, S + T, head_dim). transformers.js makes the empty cache of the first call from the
 graph's input shapes (a named axis it does not know is 0), feeds position_ids from the mask's cumulative
-sum and reads the last position's logits.
+sum and reads the last position's logits. Like recent optimum exports, it also takes `num_logits_to_keep`
+(int64 scalar: the logits of the last n positions, 0 for all), which transformers.js feeds as 1 when it
+generates: the prompt's positions never pass the LM head, a fifth of a pass's arithmetic (as our page's
+base graph, with its `outputs_at`: the peer gets the same saving).
 
 It is exported from the project's one model definition (models/llama.py) through `HFDecoder`, which only
 transposes the cache between the two layouts and reads the positions and mask it is given: the same fp32
 computation as the PyTorch reference. Batch 1 only: the batch axis is static (transformers.js greedy
-generation of one prompt always has an all-ones mask; a padded batch is not supported here). No
-`num_logits_to_keep` input: the prefill computes logits at every prompt position, as older optimum
-exports do. The project's own rewrites (fused RMSNorm and rotary operators, fp16 storage) are not applied:
+generation of one prompt always has an all-ones mask; a padded batch is not supported here). The
+project's own rewrites (fused RMSNorm and rotary operators, fp16 storage) are not applied:
 this is a plain export, as a transformers.js user would get one; onnxruntime optimizes it when it loads.
 
 Weights go to one external data file (model.onnx_data, named in config.json's transformers.js_config as
@@ -38,6 +40,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 import torch.nn as nn
@@ -49,7 +52,7 @@ from ..models.llama import Llama, load_config, load_llama, rope_cos_sin
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "hf-onnx"
 MODEL_ID = "smollm2"
-FORMAT = 1  # bump when the export changes: a new cache key
+FORMAT = 2  # bump when the export changes: a new cache key (2: num_logits_to_keep)
 COPIED = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -102,7 +105,30 @@ def export_graph(base: Llama) -> onnx.ModelProto:
             dynamic_shapes=({1: T}, {1: torch.export.Dim.AUTO}, {1: T}, [{2: S}] * len(past)),
             opset_version=OPSET, dynamo=True, verbose=False, optimize=True)
     # one copy of the tied embedding / LM head matrix (the exporter folds a transposed second copy)
-    return untranspose(without_provenance(program.model_proto), module)
+    return logits_to_keep(untranspose(without_provenance(program.model_proto), module))
+
+
+def logits_to_keep(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Adds optimum's `num_logits_to_keep` input: the LM head reads the last n positions of the normed
+    hidden states (a Slice from -n: n = 0 keeps them all), and `logits` is (1, n, vocab)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    lm_head = next(n for n in graph.node if "logits" in n.output)
+    graph.initializer.extend([numpy_helper.from_array(np.array(a, np.int64), name) for name, a in
+                              (("keep_shape", [1]), ("keep_end", [np.iinfo(np.int64).max]), ("keep_axis", [1]))])
+    kept = lm_head.input[0] + "_kept"
+    nodes = [helper.make_node("Reshape", ["num_logits_to_keep", "keep_shape"], ["keep_n"]),
+             helper.make_node("Neg", ["keep_n"], ["keep_start"]),
+             helper.make_node("Slice", [lm_head.input[0], "keep_start", "keep_end", "keep_axis"], [kept])]
+    lm_head.input[0] = kept
+    at = list(graph.node).index(lm_head)
+    for i, node in enumerate(nodes):
+        graph.node.insert(at + i, node)
+    graph.input.insert(3, helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []))
+    logits = next(o for o in graph.output if o.name == "logits")
+    logits.type.tensor_type.shape.dim[1].dim_param = "num_logits"
+    return model
 
 
 def hf_config(model_dir: Path) -> dict:
