@@ -71,7 +71,7 @@ class BaseGraph(nn.Module):
 
     def forward(self, input_ids, outputs_at, past: list[torch.Tensor]):
         logits, hidden, present = self.base(input_ids, list(zip(past[0::2], past[1::2])), at=outputs_at)
-        choices, margins = greedy(logits[0])  # (T,), (T,)
+        choices, margins = greedy(logits[0])  # (U,), (U,): after each position of outputs_at
         extra = [self.base.model.embed_tokens(choices)[None]] if self.embeds else []
         return choices[None], margins[None], hidden, *extra, [t for kv in present for t in kv]
 
