@@ -148,11 +148,21 @@ def tiny(tmp_path_factory) -> Checkpoints:
 
 
 @pytest.fixture(scope="session")
-def tiny_site(tiny, tmp_path_factory):
+def tiny_onnx(tiny, tmp_path_factory):
+    """The tiny models exported to ONNX in every precision, once for the session."""
+    from builder.export.manifest import export
+
+    out = tmp_path_factory.mktemp("tiny-onnx")
+    export(tiny, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_site(tiny, tiny_onnx, tmp_path_factory):
     from builder.site.build import build
 
     out = tmp_path_factory.mktemp("tiny-site")
-    build(tiny, out, tmp_path_factory.mktemp("tiny-onnx"))
+    build(tiny, out, tiny_onnx)  # the export is reused: every file checked against its manifest
     return out
 
 
