@@ -15,7 +15,7 @@ from pathlib import Path
 from .bench.run import PEERS, RUNTIMES
 from .data.tasks import ALL_TASKS, TASKS
 from .decode.drafter import DRAFTER_K_MAX
-from .decode.loop import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES
+from .decode.loop import DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES
 from .errors import PromptError, UserError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
@@ -69,6 +69,10 @@ def build_parser() -> Parser:
     g.add_argument("--k", type=int, default=DEFAULT_K,
                    help="tokens drafted per step (speculative modes): mtp at most the head's trained chain length "
                         f"(its config's k_train), drafter at most {DRAFTER_K_MAX}")
+    g.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=DEFAULT_LOOKUP,
+                   help="speculative modes: prompt lookup first - where the text's last three tokens occurred before, "
+                        "draft the tokens that followed them there (no model runs), elsewhere the mode's source "
+                        f"(default {'on' if DEFAULT_LOOKUP else 'off'}, as the page's)")
     g.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help="stop after this many new tokens; decoding also stops at the end-of-sequence token and "
                         "when the prompt and its new tokens fill the context window (JSON field `stopped`)")
@@ -255,12 +259,13 @@ def cmd_generate(args) -> None:
         jobs.append((p, ids))
     for p, prompt_ids in jobs:
         t0 = time.perf_counter()
-        out = decode(backend, prompt_ids, args.max_new_tokens, eos, k)
+        out = decode(backend, prompt_ids, args.max_new_tokens, eos, k, lookup=args.lookup)
         seconds = time.perf_counter() - t0
         text = decode_text(tok, out.ids)
         if args.json:
             # margins: the base's own top-1 minus top-2 logit at each new token, from the pass that decided it
             print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
+                              "lookup": bool(source) and args.lookup, "lookups": out.lookups,
                               "backend": args.backend, "precision": args.precision, "prompt_ids": prompt_ids,
                               "ids": out.ids, "text": text,
                               "steps": out.steps, "accepted": out.accepted, "stopped": out.stopped,

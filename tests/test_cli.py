@@ -28,8 +28,11 @@ def test_generate_decodes_with_the_head_by_default_as_the_page_does():
     r = run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json")
     ar = json.loads(run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar").stdout)
     out = json.loads(r.stdout)
-    assert out["mode"] == "mtp" and out["k"] == 4 and out["ids"] == ar["ids"]
-    assert len(out["accepted"]) == out["steps"] < len(out["ids"]) == len(out["margins"])
+    assert out["mode"] == "mtp" and out["k"] == 4 and out["ids"] == ar["ids"] and out["lookup"] is True
+    assert len(out["accepted"]) == len(out["lookups"]) == out["steps"] < len(out["ids"]) == len(out["margins"])
+    alone = json.loads(run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json",
+                           "--no-lookup").stdout)
+    assert alone["ids"] == ar["ids"] and alone["lookup"] is False and not any(alone["lookups"])
     np.testing.assert_allclose(out["margins"], ar["margins"], atol=1e-4)  # the base's own, from its verify passes
 
 

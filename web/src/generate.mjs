@@ -25,15 +25,30 @@ export function room(promptIds, maxNewTokens, context) {
 }
 
 /**
- * Greedy decoding; with k > 0 the backend drafts k tokens per step and the base verifies them.
+ * Prompt lookup's drafts after ids (the prompt and the tokens decided so far), as Python's `prompt_lookup`: the up
+ * to k tokens that followed the latest earlier occurrence of ids' last three tokens; none where those did not occur before.
+ */
+export function promptLookup(ids, k) {
+  const [a, b, c] = ids.slice(-3);
+  for (let i = ids.length - 2; i > 1; i -= 1) {
+    if (ids[i] === c && ids[i - 1] === b && ids[i - 2] === a) return ids.slice(i + 1, i + 1 + k);
+  }
+  return [];
+}
+
+/**
+ * Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first) and the base
+ * verifies them.
  * @param {{context: number, prefill: Function, verify: Function, rollback: Function, draft: Function}} backend
  * @param {number[]} promptIds
- * @param {{maxNewTokens: number, eos: number|null, k?: number, onStep?: (out: object) => void, signal?: AbortSignal}} options
- * @returns {Promise<{ids: number[], steps: number, accepted: number[], stopped: string, prefillMs: number}>}
+ * @param {{maxNewTokens: number, eos: number|null, k?: number, lookup?: boolean, onStep?: (out: object) => void,
+ *   signal?: AbortSignal}} options
+ * @returns {Promise<{ids: number[], steps: number, accepted: number[], lookups: boolean[], stopped: string,
+ *   prefillMs: number}>}
  */
-export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, onStep, signal }) {
+export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, lookup = false, onStep, signal }) {
   const limit = room(promptIds, maxNewTokens, backend.context);
-  const out = { ids: [], steps: 0, accepted: [], stopped: '', prefillMs: 0 };
+  const out = { ids: [], steps: 0, accepted: [], lookups: [], stopped: '', prefillMs: 0 };
   const t0 = performance.now();
   let state = await backend.prefill(promptIds.slice(0, -1));
   out.prefillMs = performance.now() - t0;  // the same base pass in every mode
@@ -41,14 +56,19 @@ export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, onS
   while (!signal?.aborted) {
     // never draft past the limit: that also keeps every fed position inside the context
     const kStep = Math.min(k, limit - out.ids.length - 1);
-    const drafts = kStep > 0 ? await backend.draft(state, token, kStep) : [];
+    let drafts = lookup && kStep > 0 ? promptLookup(promptIds.concat(out.ids), kStep) : [];
+    const lookedUp = drafts.length > 0;
+    if (kStep > 0 && !lookedUp) drafts = await backend.draft(state, token, kStep);
     let choices;
     [choices, state] = await backend.verify(state, [token, ...drafts]);
     let n = 0;
     while (n < drafts.length && drafts[n] === choices[n]) n += 1;  // acceptance: the base chose the draft itself
     state = backend.rollback(state, n + 1);  // keep [token, d_1..d_n]; the rejected drafts go
     out.steps += 1;
-    if (k) out.accepted.push(n);
+    if (k) {
+      out.accepted.push(n);
+      out.lookups.push(lookedUp);
+    }
     for (const tok of choices.slice(0, n + 1)) {
       out.ids.push(tok);
       if (tok === eos || out.ids.length === limit) {
