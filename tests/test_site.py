@@ -266,7 +266,8 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
 
 def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onnx_dir, reference):
     """Every mode's ids equal the reference's (on WebGPU plain decoding on one prompt a task: it is the
-    simplest path and the slowest on SwiftShader). And the page's head drafts what the same head graph drafts
+    simplest path and the slowest on SwiftShader); the drafter with prompt lookup first (the default), which
+    drafts some steps, the head alone. And the page's head drafts what the same head graph drafts
     in onnxruntime from Python (exactness alone would hold with a head that drafts nothing right): the
     drafts it got accepted add up to Python's within 10 % (a draft may flip where the head's own top two
     logits are nearly tied and the page's kernels round differently)."""
@@ -274,14 +275,17 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onn
     n_new = NEW_TOKENS[backend]
     counts = {"equal": 0, "near-tie": 0, "mismatch": 0}
     failures = []
-    heads, accepted = OnnxBackend(onnx_dir, "head", K), {"page": 0, "python": 0}
+    heads, accepted, looked_up = OnnxBackend(onnx_dir, "head", K), {"page": 0, "python": 0}, 0
     prompts = [(p, i < PLAIN_PROMPTS_PER_TASK[backend]) for task in dict.fromkeys(p["task"] for p in prompts)
                for i, p in enumerate([q for q in prompts if q["task"] == task][:PROMPTS_PER_TASK[backend]])]
     for p, plain in prompts:
         prompt_ids = encode_prompt(tokenizer, p["task"], p["prompt"])
         ref = reference.decoded(prompt_ids, n_new)
         for mode in ("ar", "mtp", "drafter")[0 if plain else 1:]:
-            got = page.generate(prompt=p["prompt"], task=p["task"], mode=mode, k=K, maxNewTokens=n_new)
+            got = page.generate(prompt=p["prompt"], task=p["task"], mode=mode, k=K, maxNewTokens=n_new,
+                                **({"lookup": False} if mode == "mtp" else {}))
+            assert len(got["lookups"]) == len(got["accepted"]) and got["lookup"] == (mode == "drafter")
+            looked_up += sum(got["lookups"])
             assert got["promptIds"] == prompt_ids, f"{p['task']} {p['prompt']!r}: the page encodes the prompt differently"
             assert got["backend"] == backend
             if mode == "mtp":
@@ -299,8 +303,9 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onn
                     assert sum(got["accepted"][:-1]) + got["steps"] - 1 < len(ref.ids) <= sum(got["accepted"]) + got["steps"]
     print(f"\n{backend}: {len(prompts)} prompts x (mtp k={K}, drafter k={K}), ar on "
           f"{sum(plain for _, plain in prompts)} of them, {n_new} tokens: {counts}; "
-          f"MTP drafts accepted: {accepted}")
+          f"MTP drafts accepted: {accepted}; drafter steps drafted by prompt lookup: {looked_up}")
     assert not failures, "\n".join(failures)
+    assert looked_up > 0, "prompt lookup drafted no step of the drafter's"
     assert accepted["python"] > len(prompts), f"the head graph drafts little right even in Python: {accepted}"
     assert abs(accepted["page"] - accepted["python"]) <= 0.1 * accepted["python"], accepted
 
@@ -340,7 +345,8 @@ def test_webgpu_decode_reads_back_only_token_ids_and_feeds_the_head_the_bases_gp
     try:
         prompt = next(x for x in prompts if x["task"] == "proofread")
         p.page.evaluate("window.__gpuReads = []")
-        got = p.generate(prompt=prompt["prompt"], task="proofread", mode="mtp", k=K, maxNewTokens=10, trace=True)
+        got = p.generate(prompt=prompt["prompt"], task="proofread", mode="mtp", k=K, maxNewTokens=10, trace=True,
+                         lookup=False)  # the head drafts every step
         reads = p.page.evaluate("window.__gpuReads")
     finally:
         p.close()
@@ -384,6 +390,9 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
         assert float(page.locator("#tps").inner_text()) > 0
         assert float(page.locator("#tau").inner_text()) > 1
         assert page.locator("#bars .bar").count() == 4
+        copied, steps = map(int, re.fullmatch(r"(\d+) of (\d+)", page.locator("#lookups").inner_text()).groups())
+        assert copied <= steps == int(page.locator("#steps").inner_text())
+        assert page.locator("#lookup").is_checked(), "prompt lookup is on by default, as in the CLI"
         assert page.evaluate("document.documentElement.scrollWidth") <= 360, "the page scrolls sideways on a phone"
         page.get_by_role("button", name="Compare plain, MTP, drafter").click()
         page.wait_for_selector("#comparison-verdict.same, #comparison-verdict.differ", timeout=180_000)

@@ -131,21 +131,24 @@ let chain = Promise.resolve();
 let controller = null;
 
 /**
- * One generation, queued behind any running one so that two decodes never run at once. k and maxNewTokens
- * default to the manifest's `defaults`; trace: true returns every graph run's inputs and outputs.
+ * One generation, queued behind any running one so that two decodes never run at once. mode, k, lookup (prompt
+ * lookup before the mode's draft source: generate.mjs) and maxNewTokens default to the manifest's `defaults`;
+ * trace: true returns every graph run's inputs and outputs.
  * onStep(sofar, ms) sees the decode after every step; an aborted signal stops it at the next step.
- * @returns {Promise<{promptIds, ids, text, steps, accepted, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
+ * @returns {Promise<{promptIds, ids, text, steps, accepted, lookups, lookup, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
  *   stopped, trace?}>}
  */
-function generate({ prompt, task = 'continue', mode, k, maxNewTokens, trace = false, onStep, signal } = {}) {
+function generate({ prompt, task = 'continue', mode, k, lookup, maxNewTokens, trace = false, onStep, signal } = {}) {
   const job = chain.then(async () => {
     const { models: { manifest, tokenizer, sessions } } = await current;
     mode ??= manifest.defaults.mode;
     k ??= manifest.defaults.k;
+    lookup ??= manifest.defaults.lookup;
     maxNewTokens ??= manifest.defaults.max_new_tokens;
     if (!(mode in manifest.modes)) {
       throw new PageError(`unknown mode "${mode}": choose ${listed(Object.keys(manifest.modes))}`);
     }
+    if (typeof lookup !== 'boolean') throw new PageError(`lookup must be true or false, got ${lookup}`);
     if (manifest.modes[mode] && !(Number.isInteger(k) && k >= 1 && k <= kMax(manifest, mode))) {
       throw new PageError(`k must be a whole number from 1 to ${kMax(manifest, mode)}, got ${k}`);
     }
@@ -158,7 +161,7 @@ function generate({ prompt, task = 'continue', mode, k, maxNewTokens, trace = fa
     let out, ms;
     try {
       out = await decode(backend, promptIds, {
-        maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, signal,
+        maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, lookup, signal,
         onStep(sofar) {
           firstTokenMs ??= performance.now() - t0;
           onStep?.(sofar, performance.now() - t0);
@@ -175,7 +178,7 @@ function generate({ prompt, task = 'continue', mode, k, maxNewTokens, trace = fa
       backend.close();
     }
     return { promptIds, ids: out.ids, text: tokenizer.decode(out.ids), steps: out.steps, accepted: out.accepted,
-      ms, prefillMs: out.prefillMs, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
+      lookups: out.lookups, lookup: !!source && lookup, ms, prefillMs: out.prefillMs, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
       k: source ? k : 0, task, stopped: out.stopped, ...(trace ? { trace: backend.trace } : {}) };
   });
   chain = job.catch(() => {});
@@ -211,7 +214,7 @@ for (const button of document.querySelectorAll('.example')) {
 $('k').addEventListener('input', () => { $('k-value').textContent = $('k').value; });
 $('mode').addEventListener('change', async () => {
   const { manifest } = (await current).models;
-  $('k').disabled = !manifest.modes[$('mode').value];  // a mode without a draft source has no k
+  $('k').disabled = $('lookup').disabled = !manifest.modes[$('mode').value];  // a mode without a draft source has no k
   if (!$('k').disabled) $('k').max = kMax(manifest, $('mode').value);  // the template's max is the head's
   $('k-value').textContent = $('k').value;
 });
@@ -226,14 +229,16 @@ class Stream {
     element.replaceChildren();
   }
 
-  /** Shows the tokens the last step decided: its accepted drafts, then the base's own token. */
+  /** Shows the tokens the last step decided: its accepted drafts (the head's or the drafter's, or copied by prompt
+   * lookup), then the base's own token. */
   push(sofar) {
     const accepted = sofar.accepted.at(-1) ?? 0;
+    const drafted = sofar.lookups.at(-1) ? 'drafted copied' : 'drafted';
     for (const [i, id] of sofar.ids.slice(this.ids.length).entries()) {
       this.ids.push(id);
       const text = this.tokenizer.decode(this.ids).replace(/\uFFFD+$/, '');  // hold back a partial character
       const span = document.createElement('span');
-      span.className = `tok ${i < accepted ? 'drafted' : 'own'}`;
+      span.className = `tok ${i < accepted ? drafted : 'own'}`;
       span.textContent = text.slice(this.shown);
       this.shown = Math.max(this.shown, text.length);
       this.element.append(span);
@@ -245,8 +250,10 @@ class Stream {
   }
 }
 
-function showFigures({ ids, steps, accepted, k }, ms) {
+function showFigures({ ids, steps, accepted, lookups, k }, ms) {
   const [tau, byPosition] = acceptance(accepted, k);
+  const copied = lookups.filter(Boolean).length;
+  $('lookups').textContent = accepted.length ? `${copied} of ${steps}` : '–';
   $('tps').textContent = ms > 0 ? (ids.length / (ms / 1000)).toFixed(1) : '–';
   $('tau').textContent = steps ? tau.toFixed(2) : '–';
   $('steps').textContent = String(steps);
@@ -278,7 +285,7 @@ async function runOnPage(mode) {
   const k = models.manifest.modes[mode] ? Math.min(Number($('k').value), kMax(models.manifest, mode)) : 0;
   controller = new AbortController();
   const result = await generate({
-    prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: Number($('max-new').value),
+    prompt: $('prompt').value, task: task(), mode, k, lookup: $('lookup').checked, maxNewTokens: Number($('max-new').value),
     signal: controller.signal,
     onStep(sofar, ms) {
       stream.push(sofar);
@@ -327,7 +334,7 @@ async function onCompare() {
     $('comparison-verdict').textContent = 'Warming up…';
     for (const mode of modes) {
       const k = models.manifest.modes[mode] ? Math.min(Number($('k').value), kMax(models.manifest, mode)) : 0;
-      await generate({ prompt: $('prompt').value, task: task(), mode, k, maxNewTokens: 4 });
+      await generate({ prompt: $('prompt').value, task: task(), mode, k, lookup: $('lookup').checked, maxNewTokens: 4 });
     }
     const runs = Object.fromEntries(modes.map((m) => [m, []]));
     for (let round = 0; round < COMPARE_ROUNDS; round += 1) {
