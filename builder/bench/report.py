@@ -280,6 +280,8 @@ def write_report(data: dict, json_path: Path) -> Path:
     threads = "".join(f" {rt} ran onnxruntime-web's WASM on {n} thread{'s' if n > 1 else ''}."
                       for rt, n in data.get("wasm_threads", {}).items() if n and rt != "browser-webgpu")
     gpu = dispatch_table(data.get("webgpu_dispatches") or {})
+    lookup = (" The speculative modes drafted with prompt lookup first (where the text's last three tokens occurred "
+              "before), their own source elsewhere." if data.get("lookup") else "")
     v = data.get("first_visit")
     visit = (f"## A phone's first visit (browser-wasm, network throttled to {v['network']})\n\n"
              f"First visit: {v['first']['bytes'] / 1e6:.1f} MB in {v['first']['requests']} requests, "
@@ -291,7 +293,7 @@ def write_report(data: dict, json_path: Path) -> Path:
 
 Machine: {m['cpu']}, {m['cores']} cores, {m['system']}; {m['date']}. No GPU: browser-webgpu is
 SwiftShader, a CPU emulation of a GPU (it proves the WebGPU path, not GPU speed).
-Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}
+Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}{lookup}
 
 ## Summary (each speculative mode at its best k)
 

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..data.tasks import ALL_TASKS
-from ..decode.loop import MODES
+from ..decode.loop import DEFAULT_LOOKUP, MODES
 from ..export.manifest import Checkpoints
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
     def run(prompt_ids, text, task, mode, k, n):
         backend = backends[mode](k)  # torch: a fresh drafter state per decode, as the page has
         t0 = time.perf_counter()
-        out = decode(backend, prompt_ids, n, eos, k)
+        out = decode(backend, prompt_ids, n, eos, k, lookup=DEFAULT_LOOKUP)
         return out.ids, out.steps, out.accepted, time.perf_counter() - t0, out.prefill_seconds
 
     if runtime == "torch":
@@ -137,9 +137,10 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
 
 
 def page_generate(page, text: str, task: str, mode: str, k: int, n: int, trace: bool = False) -> dict:
-    """The page's frozenMTP.generate (CONTRACT.md) on one prompt; k is ignored in mode "ar"."""
+    """The page's frozenMTP.generate (CONTRACT.md) on one prompt; k and lookup are ignored in mode "ar"."""
     return page.evaluate("(o) => window.frozenMTP.generate(o)", {
-        "prompt": text, "task": task, "mode": mode, "k": max(k, 1), "maxNewTokens": n, "trace": trace})
+        "prompt": text, "task": task, "mode": mode, "k": max(k, 1), "lookup": DEFAULT_LOOKUP, "maxNewTokens": n,
+        "trace": trace})
 
 
 def browser_runner(page):
@@ -161,13 +162,12 @@ def count_dispatches(page, prompts: dict, ks) -> dict:
         out[task] = {}
         for mode, k in [("ar", 0)] + [("mtp", k) for k in ks]:
             r = page_generate(page, text, task, mode, k, 8, trace=True)
-            steps = r["trace"][1:]  # the first run is the prefill
-            base = [t["dispatches"] for t in steps if t["graph"] == "base"]
-            head = [t["dispatches"] for t in steps if t["graph"] != "base"]
-            # a whole step: one base run, plus one head run in mode mtp (the last step may skip drafting)
+            runs = r["trace"][1:]  # the first run is the prefill
+            # a step: one base run, and in mode mtp one head run where prompt lookup did not draft (and the last
+            # step may skip drafting): the mean over this decode's steps
             out[task]["plain" if mode == "ar" else f"mtp k={k}"] = {
-                "k": k, "steps": r["steps"], "runs_per_step": 1 + bool(head),
-                "dispatches_per_step": statistics.median(base) + (statistics.median(head) if head else 0)}
+                "k": k, "steps": r["steps"], "runs_per_step": round(len(runs) / r["steps"], 2),
+                "dispatches_per_step": round(sum(t["dispatches"] for t in runs) / r["steps"], 1)}
     return out
 
 
@@ -464,7 +464,7 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
         modelled_speedups(dispatches, results)
     nodes = graph_nodes(onnx_dir) if (onnx_dir / "manifest.json").is_file() else {}
     return {"results": results, "memory": memory(ckpts, onnx_dir), "profile": profiles, "graph_nodes": nodes,
-            "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "machine": machine(),
+            "config": {r: asdict(cfg.plans[r]) for r in cfg.runtimes}, "lookup": DEFAULT_LOOKUP, "machine": machine(),
             "wasm_threads": threads, "webgpu_dispatches": dispatches, "first_visit": visit,
             "peers": peers, "peer_config": asdict(cfg.plans["peers"]) if peers else None}
 

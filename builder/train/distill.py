@@ -179,9 +179,10 @@ def make_batches(data, batch: int, rng: random.Random, feats: list | None = None
             yield seqs, valid, *padded
 
 
-def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, **source) -> dict:
+def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, lookup: bool = False,
+                       **source) -> dict:
     """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy.
-    source: head=... or drafter=..., as TorchBackend takes them. A prompt that leaves no room for
+    source: head=... or drafter=..., as TorchBackend takes them; lookup: prompt lookup first (loop.py). A prompt that leaves no room for
     max_new_tokens in the context window (a long summarize passage) is left out; "prompts" counts the rest."""
     eos, room = base.config.eos_token_id, base.config.max_position_embeddings - max_new_tokens
     table = {}
@@ -192,7 +193,7 @@ def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens
         for k in ks:
             accepted, mismatches, near_ties = [], 0, 0
             for ids, ref in zip(items, refs):
-                out = decode(TorchBackend(base, **source), ids, max_new_tokens, eos, k)
+                out = decode(TorchBackend(base, **source), ids, max_new_tokens, eos, k, lookup=lookup)
                 verdict, _ = compare_to_reference(ref, out.ids)
                 mismatches += verdict == "mismatch"
                 near_ties += verdict == "near-tie"
