@@ -73,3 +73,44 @@ def test_the_modelled_gpu_speedup_is_tau_times_the_dispatch_ratio():
     mtp = dispatches["proofread"]["mtp k=4"]
     assert (mtp["tau"], mtp["tau_from"], mtp["modelled_speedup"]) == (4.0, "onnx-cpu", 3.2)
     assert "| proofread | mtp k=4 | 2 | 2500 | 4.00 (onnx-cpu) | 3.20x |" in dispatch_table(dispatches)
+
+
+def test_peers_run_in_our_rounds_interleaved_and_each_round_compares_like_with_like():
+    """measure() with peers: every round runs our modes and the peers on the same prompts, the peers first in
+    even rounds and last in odd ones; their rows are plain rows checked against the reference (a peer going
+    on past the end token is cut there), and the report gives each round's MTP / peer ratio."""
+    from builder.bench.report import peers_table
+    from builder.bench.run import Plan, measure
+    from builder.decode.loop import Decoded
+
+    ref = Decoded(ids=[5, 6, 7, 2], margins=[9.0] * 4)
+    prompts = {"proofread": [([1, 2, 3], "a"), ([1, 4], "b")]}
+    refs = {("proofread", text, 4): ref for _, text in prompts["proofread"]}
+    calls, clock = [], {"s": 1.0}  # each round the machine takes 1.5x as long: drift touches every runner
+
+    def ours(ids, text, task, mode, k, n):
+        calls.append(mode if n == 4 else "warm-up")
+        s = clock["s"] * (1.0 if mode == "ar" else 0.5)
+        return [5, 6, 7, 2][:n], 2, [1, 1], s, s / 4
+
+    def peer(ids, n):
+        calls.append("peer" if n == 4 else "warm-up")
+        ms = clock["s"] * 800
+        if calls.count("peer") % 2 == 0:  # every second prompt: a round's end, the machine slows
+            clock["s"] *= 1.5
+        return {"ids": [5, 6, 7, 2, 9][: n + 1], "prefill_ms": ms / 4, "decode_ms": ms * 3 / 4, "total_ms": ms}
+
+    results, peers = measure("browser-wasm", ours, prompts, refs, Plan(2, 4, (4,), 2), {"transformersjs-wasm": peer}, 2)
+    rounds = [c for c in calls if c != "warm-up"]
+    assert rounds[:2] == ["peer", "peer"] and rounds[-2:] == ["peer", "peer"], rounds  # first in round 1, last in 2
+    assert rounds.count("peer") == 4 and rounds.count("ar") == rounds.count("mtp") == rounds.count("drafter") == 4
+    (row,) = peers
+    assert (row["runtime"], row["interleaved_with"], row["task"], row["mode"]) == ("transformersjs-wasm", "browser-wasm",
+                                                                                   "proofread", "ar")
+    assert row["mismatches"] == 0 and row["mean_new_tokens"] == 5.0 and len(row["tokens_per_s_rounds"]) == 2
+    assert abs(row["prefill_share"] - 0.25) < 1e-6
+    mtp = next(r for r in results if r["mode"] == "mtp")
+    table = peers_table({"results": results, "peer_config": {"prompts": 2, "new_tokens": 4, "repeats": 2},
+                         "peers": [{"peer": "transformersjs", "threads": 2, **row}]})
+    each = [a / b for a, b in zip(mtp["tokens_per_s_rounds"], row["tokens_per_s_rounds"])]
+    assert f"| {each[0]:.2f} {each[1]:.2f} |" in table and "transformersjs-wasm ran in browser-wasm's rounds" in table

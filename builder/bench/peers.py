@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -82,10 +82,12 @@ def serving(root: Path) -> Iterator[str]:
         yield url
 
 
-def run_page(browser, url: str, name: str, prompts: list[list[int]], n_predict: int, threads: Threads,
-             warmup: bool, timeout_ms: float, on_page=None) -> tuple[dict, list[PeerResult]]:
-    """A peer page's window.peer in a fresh context: load with `threads`, an optional warm-up of the first
-    prompt (4 tokens), then n_predict greedy tokens after each prompt. on_page(page, errors) may watch it."""
+@contextmanager
+def peer_page(browser, url: str, name: str, threads: Threads, timeout_ms: float = 600_000,
+              on_page=None) -> Iterator[tuple[Callable[[list[int], int], PeerResult], dict]]:
+    """A peer page's window.peer in a fresh context, loaded with `threads`: yields (generate, info), where
+    generate(prompt_ids, n) decodes n greedy tokens after the ids. on_page(page, errors) may watch it; an
+    error in the page fails the next call. The page stays open (its model loaded) until the block ends."""
     context = browser.new_context()
     try:
         page = context.new_page()
@@ -97,14 +99,23 @@ def run_page(browser, url: str, name: str, prompts: list[list[int]], n_predict: 
         page.goto(url)
         page.wait_for_function("window.peer !== undefined")
         info = page.evaluate("(t) => window.peer.load({ n_threads: t })", threads)
-        if warmup and prompts:
-            page.evaluate("([p, n]) => window.peer.generate(p, n)", [prompts[0], 4])
-        results = [page.evaluate("([p, n]) => window.peer.generate(p, n)", [p, n_predict]) for p in prompts]
-        if errors:
-            raise RuntimeError(f"the {name} page failed: {errors[0]}")
-        return info, results
+
+        def generate(prompt_ids: list[int], n: int) -> PeerResult:
+            r = page.evaluate("([p, n]) => window.peer.generate(p, n)", [prompt_ids, n])
+            if errors:
+                raise RuntimeError(f"the {name} page failed: {errors[0]}")
+            return r
+
+        yield generate, info
     finally:
         context.close()
+
+
+def decode_all(generate, prompts: list[list[int]], n_predict: int, warmup: bool) -> list[PeerResult]:
+    """A peer page's generate on each prompt in turn, after an optional warm-up of the first (4 tokens)."""
+    if warmup and prompts:
+        generate(prompts[0], 4)
+    return [generate(p, n_predict) for p in prompts]
 
 
 def references(model_dir: Path, n_per_task: int, new_tokens: int):
@@ -134,15 +145,21 @@ def judge(run: dict, prompts: list[dict], refs) -> dict:
     return run
 
 
+@contextmanager
+def wllama_page(browser, threads: Threads = 1, gguf: Path | None = None, timeout_ms: float = 600_000):
+    """wllama loaded in a fresh page of `browser` (a Playwright Browser, e.g. from
+    builder.site.browser.chromium()) with `threads` WASM threads: peer_page's (generate, info)."""
+    with serve_wllama(gguf) as url, peer_page(browser, url, "wllama", threads, timeout_ms) as (generate, info):
+        yield generate, {**info, "version": wllama_version()}
+
+
 def run_wllama(browser, prompts: list[list[int]], n_predict: int, threads: Threads = 1,
                gguf: Path | None = None, warmup: bool = True, timeout_ms: float = 600_000) -> dict:
-    """wllama in a fresh page of `browser` (a Playwright Browser, e.g. from builder.site.browser.chromium()):
-    loads the GGUF with `threads` WASM threads, decodes n_predict tokens greedily after each prompt (lists
-    of token ids, as given: no BOS added), one prompt after another. A warm-up run of the first prompt
-    (4 tokens) goes first unless warmup is False. Returns {"wllama_info": {...}, "results": [PeerResult]}."""
-    with serve_wllama(gguf) as url:
-        info, results = run_page(browser, url, "wllama", prompts, n_predict, threads, warmup, timeout_ms)
-    return {"wllama_info": {**info, "version": wllama_version()}, "results": results}
+    """wllama_page's generate: n_predict greedy tokens after each prompt (lists of token ids, as given: no
+    BOS added), one prompt after another. A warm-up run of the first prompt (4 tokens) goes first unless
+    warmup is False. Returns {"wllama_info": {...}, "results": [PeerResult]}."""
+    with wllama_page(browser, threads, gguf, timeout_ms) as (generate, info):
+        return {"wllama_info": info, "results": decode_all(generate, prompts, n_predict, warmup)}
 
 
 def bench_wllama(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),

@@ -113,8 +113,8 @@ def peers_table(data: dict) -> str:
     ours = {"browser-wasm": ("wllama-wasm", "transformersjs-wasm"),
             "browser-wasm-1thread": ("wllama-wasm-1thread", "transformersjs-wasm-1thread"),
             "onnx-cpu": ("llamacpp-native-1thread",)}
-    cmp = ["| ours | task | our MTP tokens/s (k) | our plain | fastest peer, plain | MTP / peer (goal) | MTP / our plain |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    cmp = ["| ours | task | our MTP tokens/s (k) | our plain | fastest peer, plain | MTP / peer (goal) | MTP / peer, each round "
+           "| MTP / our plain |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for runtime, against in ours.items():
         for task in dict.fromkeys(r["task"] for r in peers):
             mtp, ar = best(results, runtime, task, "mtp"), best(results, runtime, task, "ar")
@@ -123,14 +123,26 @@ def peers_table(data: dict) -> str:
                 continue
             top = max(rivals, key=lambda r: r["tokens_per_s"])
             ratio, goal = mtp["tokens_per_s"] / top["tokens_per_s"], PEER_GOALS.get(task, 1.2)
+            each = "-"  # where the peer ran in our rounds, each round's ratio: drift touched both alike
+            if top.get("interleaved_with") == runtime:
+                each = " ".join(f"{a / b:.2f}" for a, b in zip(mtp["tokens_per_s_rounds"], top["tokens_per_s_rounds"]))
             cmp.append(f"| {runtime} | {task} | {mtp['tokens_per_s']:.1f} (k={mtp['k']}) | {ar['tokens_per_s']:.1f} "
                        f"| {top['runtime']} {top['tokens_per_s']:.1f} | {ratio:.2f}x ({goal}x{', met' if ratio >= goal else ''}) "
-                       f"| {mtp['speedup_vs_ar']:.2f}x |")
+                       f"| {each} | {mtp['speedup_vs_ar']:.2f}x |")
     c = data.get("peer_config") or {}
+    interleaved = {}  # our runtime -> the peers that ran in its rounds
+    for r in peers:
+        if r.get("interleaved_with"):
+            interleaved.setdefault(r["interleaved_with"], dict.fromkeys([]))[r["runtime"]] = None
+    how = "".join(f" {' and '.join(names)} ran in {runtime}'s rounds, interleaved with our modes (before them in the "
+                  f"first round, after them in the second, and so on), on its prompts, tokens and rounds."
+                  for runtime, names in interleaved.items())
+    if how and any(not r.get("interleaved_with") for r in peers):
+        how += " The other peers ran in rounds of their own."
     return (f"## The peers: the same model in other runtimes, same prompts, this run\n\n"
             f"Plain greedy decoding from the prompts' token ids ({c.get('prompts')} prompts per task x "
             f"{c.get('new_tokens')} tokens, {c.get('repeats')} round(s)); a mismatch is a first difference "
-            f"from the PyTorch reference that is no near-tie.\n\n" + "\n".join(lines) + "\n\n"
+            f"from the PyTorch reference that is no near-tie.{how}\n\n" + "\n".join(lines) + "\n\n"
             + ("\n".join(cmp) + "\n\n" if len(cmp) > 2 else ""))
 
 

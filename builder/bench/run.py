@@ -23,7 +23,10 @@ on the very GGUF file, plain greedy decoding from the same prompts' token ids in
 transformers.js in the same headless Chromium (WASM with the page's threads, and one), llama.cpp native
 beside onnx-cpu (peers.py, transformersjs.py, native.py). Their rows are in "peers", timed as ours:
 tokens/s over the whole call, decode_tokens_per_s after the first token (their prefill), checked against
-the same reference.
+the same reference. A browser peer with the WASM threads of a browser runtime being measured is loaded in
+its own page beside ours and runs inside that runtime's rounds ("interleaved_with"), so that each round's
+MTP / peer ratio compares runs made minutes, not a quarter of an hour, apart; the others run after, in
+rounds of their own.
 
 SwiftShader (the CI's WebGPU) emulates a GPU on the CPU at about 1 s a base run, so browser-webgpu runs
 fewer prompts, tokens and k by default: it shows the page works on WebGPU, not GPU speed. What it does
@@ -36,6 +39,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +61,20 @@ PAGE_QUERY = {"browser-wasm": "?backend=wasm", "browser-wasm-1thread": "?backend
 PEERS = {"wllama": {"wllama-wasm": "max", "wllama-wasm-1thread": 1},
          "transformersjs": {"transformersjs-wasm": "max", "transformersjs-wasm-1thread": 1},
          "llamacpp": {"llamacpp-native": "max", "llamacpp-native-1thread": 1}}
+# the browser runtimes whose rounds the browser peers with the same threads run in (measure())
+PEER_THREADS = {"browser-wasm": "max", "browser-wasm-1thread": 1}
+
+
+def open_peer(name: str, browser, threads, base_dir: Path):
+    """A browser peer's page, loaded: a context manager giving (generate, info) (peers.peer_page)."""
+    if name == "wllama":
+        from .peers import wllama_page
+
+        return wllama_page(browser, threads)
+    from .hf_onnx import export_hf_onnx
+    from .transformersjs import transformersjs_page
+
+    return transformersjs_page(browser, threads, export_hf_onnx(base_dir))
 
 
 @dataclass
@@ -233,18 +251,34 @@ def modelled_speedups(dispatches: dict, results: list[dict]) -> None:
 
 # --- measuring ---------------------------------------------------------------------------------------
 
-def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan) -> list[dict]:
+def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, peers: dict | None = None,
+            eos: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Our rows of `runtime` and, where `peers` ({peer runtime: generate(prompt_ids, n) -> PeerResult}) are
+    given, theirs from the same rounds: each round runs every task's prompts in every mode and every peer,
+    the peers before our modes in the first round, after them in the second, and so on, so that drift in
+    the machine's speed touches our modes and the peers alike and each round's ratios compare like with like."""
     from ..decode.loop import acceptance, compare_to_reference
 
+    peers = peers or {}
     items = {task: p[: plan.prompts] for task, p in prompts.items()}
-    for task in items:  # warm-up: every mode once, so no round pays for first-run compilation
+    for task in items:  # warm-up: every mode and peer once, so no round pays for first-run compilation
+        ids, text = items[task][0]
         for mode, k in modes(plan.ks):
-            ids, text = items[task][0]
             run(ids, text, task, mode, k, 8)
+        for generate in peers.values():
+            generate(ids, 8)
     rounds = {}  # (task, mode, k) -> what every round measured
+    peer_rounds = {}  # (peer runtime, task) -> what every round measured
     for rep in range(plan.repeats):
         for task in items:
-            for mode, k in modes(plan.ks):
+            ours = [(None, mode, k) for mode, k in modes(plan.ks)]
+            theirs = [(name, "ar", 0) for name in peers]
+            for peer, mode, k in (theirs + ours if rep % 2 == 0 else ours + theirs):
+                if peer:
+                    t = peer_rounds.setdefault((peer, task), new_peer_rounds(plan.repeats))
+                    for ids, text in items[task]:
+                        add_peer_result(t, rep, peers[peer](ids, plan.new_tokens), refs[(task, text, plan.new_tokens)], eos)
+                    continue
                 r = rounds.setdefault((task, mode, k), {"tps": [], "decode_tps": [], "prefill_share": [], "tokens": 0,
                                                         "steps": 0, "accepted": [], "mismatches": 0, "near_ties": 0})
                 tokens, seconds, prefill = 0, 0.0, 0.0
@@ -261,7 +295,9 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan) -> list[di
                 r["decode_tps"].append(tokens / (seconds - prefill))
                 r["prefill_share"].append(prefill / seconds)
             logger.info(f"{runtime} round {rep + 1}/{plan.repeats} {task}: " + ", ".join(
-                f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)) + " tokens/s")
+                [f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan.ks)]
+                + [f"{name} {peer_rounds[(name, task)]['tokens'][rep] / (peer_rounds[(name, task)]['ms'][rep] / 1000):.0f}"
+                   for name in peers]) + " tokens/s")
     results = []
     for (task, mode, k), r in rounds.items():
         ar = statistics.median(rounds[(task, "ar", 0)]["tps"])
@@ -281,14 +317,45 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan) -> list[di
                         "prefill_share": round(statistics.median(r["prefill_share"]), 4),
                         "prefill_share_rounds": [round(x, 4) for x in r["prefill_share"]],
                         "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
-    return results
+    peer_rows = [{"runtime": name, "interleaved_with": runtime, **peer_row(task, t, plan)}
+                 for (name, task), t in peer_rounds.items()]
+    return results, peer_rows
+
+
+# --- a peer's rounds: the tokens it wrote and the time it took, per round; its rows as measure()'s plain rows ---
+
+def new_peer_rounds(repeats: int) -> dict:
+    return {"tokens": [0] * repeats, "ms": [0.0] * repeats, "decode_ms": [0.0] * repeats, "mismatches": 0, "near_ties": 0}
+
+
+def add_peer_result(t: dict, rep: int, r: dict, ref, eos: int) -> None:
+    from ..decode.loop import compare_to_reference
+
+    out = r["ids"][: r["ids"].index(eos) + 1] if eos in r["ids"] else r["ids"]  # a peer may go on past the end
+    verdict, _ = compare_to_reference(ref, out)
+    t["tokens"][rep] += len(r["ids"])  # every token it wrote in the time it took
+    t["ms"][rep] += r["total_ms"]
+    t["decode_ms"][rep] += r["decode_ms"]
+    t["mismatches"] += verdict == "mismatch"
+    t["near_ties"] += verdict == "near-tie"
+
+
+def peer_row(task: str, t: dict, plan: Plan) -> dict:
+    tps = [n / (ms / 1000) for n, ms in zip(t["tokens"], t["ms"])]
+    decode = [n / (ms / 1000) for n, ms in zip(t["tokens"], t["decode_ms"])]
+    return {"task": task, "mode": "ar", "k": 0, "prompts": plan.prompts, "new_tokens": plan.new_tokens,
+            "tokens_per_s": round(statistics.median(tps), 2), "tokens_per_s_rounds": [round(x, 2) for x in tps],
+            "decode_tokens_per_s": round(statistics.median(decode), 2),
+            "decode_tokens_per_s_rounds": [round(x, 2) for x in decode],
+            "prefill_share": round(statistics.median(1 - d / m for d, m in zip(t["decode_ms"], t["ms"])), 4),
+            "mean_new_tokens": round(sum(t["tokens"]) / (plan.repeats * plan.prompts), 1),
+            "mismatches": t["mismatches"], "near_ties": t["near_ties"]}
 
 
 def measure_peer(peer: str, threads, prompts: dict, refs: dict, plan: Plan, browser, base_dir: Path, eos: int) -> dict:
-    """One peer runtime: plain greedy decoding of the plan's prompts, every round in one load of the model
-    (the first prompt's warm-up before); per task, the rows measure() gives plain decoding."""
-    from ..decode.loop import compare_to_reference
-
+    """One peer runtime in rounds of its own: plain greedy decoding of the plan's prompts, every round in
+    one load of the model (the first prompt's warm-up before); per task, the rows measure() gives plain
+    decoding. (A browser peer with the threads of a browser runtime being measured runs in its rounds.)"""
     items = [(task, ids, text) for task, p in prompts.items() for ids, text in p[: plan.prompts]]
     ids = [i for _, i, _ in items] * plan.repeats
     if peer == "llamacpp":
@@ -307,29 +374,10 @@ def measure_peer(peer: str, threads, prompts: dict, refs: dict, plan: Plan, brow
     info = next(v for key, v in run.items() if key.endswith("_info"))
     rounds = {}
     for n, ((task, _, text), r) in enumerate(zip(items * plan.repeats, run["results"])):
-        ref = refs[(task, text, plan.new_tokens)]
-        out = r["ids"][: r["ids"].index(eos) + 1] if eos in r["ids"] else r["ids"]  # a peer may go on past the end
-        verdict, _ = compare_to_reference(ref, out)
-        t = rounds.setdefault(task, {"tokens": [0] * plan.repeats, "ms": [0.0] * plan.repeats,
-                                     "decode_ms": [0.0] * plan.repeats, "mismatches": 0, "near_ties": 0})
-        i = n // len(items)
-        t["tokens"][i] += len(r["ids"])  # every token it wrote in the time it took
-        t["ms"][i] += r["total_ms"]
-        t["decode_ms"][i] += r["decode_ms"]
-        t["mismatches"] += verdict == "mismatch"
-        t["near_ties"] += verdict == "near-tie"
-    rows = []
-    for task, t in rounds.items():
-        tps = [n / (ms / 1000) for n, ms in zip(t["tokens"], t["ms"])]
-        decode = [n / (ms / 1000) for n, ms in zip(t["tokens"], t["decode_ms"])]
-        rows.append({"task": task, "mode": "ar", "k": 0, "prompts": plan.prompts, "new_tokens": plan.new_tokens,
-                     "tokens_per_s": round(statistics.median(tps), 2), "tokens_per_s_rounds": [round(x, 2) for x in tps],
-                     "decode_tokens_per_s": round(statistics.median(decode), 2),
-                     "decode_tokens_per_s_rounds": [round(x, 2) for x in decode],
-                     "prefill_share": round(statistics.median(1 - d / m for d, m in zip(t["decode_ms"], t["ms"])), 4),
-                     "mean_new_tokens": round(sum(t["tokens"]) / (plan.repeats * plan.prompts), 1),
-                     "mismatches": t["mismatches"], "near_ties": t["near_ties"]})
-    return {"info": info, "threads": info.get("threads", threads), "rows": rows}
+        t = rounds.setdefault(task, new_peer_rounds(plan.repeats))
+        add_peer_result(t, n // len(items), r, refs[(task, text, plan.new_tokens)], eos)
+    return {"info": info, "threads": info.get("threads", threads),
+            "rows": [peer_row(task, t, plan) for task, t in rounds.items()]}
 
 
 def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
@@ -414,8 +462,10 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
                 refs[(t, text, plan.new_tokens)] = decode_ar(base, ids, plan.new_tokens, base.config.eos_token_id)
     results, profiles, threads, dispatches, visit, peers = [], {}, {}, {}, None, []
 
-    def peer(name: str, browser=None):
+    def peer(name: str, browser=None):  # a peer's runtimes not measured in a browser runtime's rounds, in rounds of their own
         for runtime, n in PEERS[name].items():
+            if any(r["runtime"] == runtime for r in peers):
+                continue
             got = measure_peer(name, n, prompts, refs, cfg.plans["peers"], browser, ckpts.base, base.config.eos_token_id)
             peers.extend({"runtime": runtime, "peer": name, "threads": got["threads"], **row} for row in got["rows"])
             logger.info(f"{runtime} ({got['threads']} threads): " + ", ".join(
@@ -424,7 +474,7 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
     for runtime in cfg.runtimes:
         if not runtime.startswith("browser-"):
             run, profile = python_runner(runtime, ckpts, onnx_dir)
-            results += measure(runtime, run, prompts, refs, cfg.plans[runtime])
+            results += measure(runtime, run, prompts, refs, cfg.plans[runtime])[0]
             if profile:
                 profiles[runtime] = profile()
     if "llamacpp" in cfg.peers:
@@ -449,7 +499,20 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
                 info = page.evaluate("window.frozenMTP.ready")
                 logger.info(f"{runtime}: {info['note']} {info.get('adapter') or ''} {info.get('threadsNote') or ''}")
                 threads[runtime] = info.get("threads")
-                results += measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime])
+                with ExitStack() as stack:  # the browser peers with this runtime's threads, loaded beside the page
+                    opened = {}  # peer runtime -> (peer, generate, info)
+                    for name in browser_peers:
+                        for peer_runtime, n in PEERS[name].items():
+                            if n == PEER_THREADS.get(runtime):
+                                generate, peer_info = stack.enter_context(open_peer(name, browser, n, ckpts.base))
+                                opened[peer_runtime] = (name, generate, peer_info)
+                    ours, theirs = measure(runtime, browser_runner(page), prompts, refs, cfg.plans[runtime],
+                                           {rt: g for rt, (_, g, _) in opened.items()}, base.config.eos_token_id)
+                results += ours
+                for row in theirs:
+                    name, _, peer_info = opened[row["runtime"]]
+                    peers.append({"runtime": row.pop("runtime"), "peer": name,
+                                  "threads": peer_info.get("threads", PEER_THREADS[runtime]), **row})
                 if runtime == "browser-webgpu":
                     dispatches = count_dispatches(page, prompts, cfg.plans[runtime].ks)
                 else:

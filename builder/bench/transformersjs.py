@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .hf_onnx import MODEL_ID, export_hf_onnx
-from .peers import PEERS_DIR, ROOT, Threads, judge, references, run_page, serving
+from .peers import PEERS_DIR, ROOT, Threads, decode_all, judge, peer_page, references, serving
 
 PACKAGE_DIR = ROOT / "bench" / "transformersjs"  # its own npm project: `npm ci` there (.ci/setup)
 TRANSFORMERS_DIR = PACKAGE_DIR / "node_modules" / "@huggingface" / "transformers"
@@ -68,20 +68,27 @@ def serve_transformersjs(model_root: Path | None = None) -> Iterator[str]:
             yield url + "transformersjs.html"
 
 
-def run_transformersjs(browser, prompts: list[list[int]], n_predict: int, threads: Threads = 1,
-                       model_root: Path | None = None, warmup: bool = True, timeout_ms: float = 600_000) -> dict:
-    """transformers.js in a fresh page of `browser` (a Playwright Browser): loads the export with `threads`
-    WASM threads, decodes up to n_predict tokens greedily after each prompt (lists of token ids, as given:
-    no BOS added; the end token stops it), one prompt after another. A warm-up run of the first prompt
-    (4 tokens) goes first unless warmup is False. Returns {"transformersjs_info": {...}, "results": [PeerResult]}."""
+@contextmanager
+def transformersjs_page(browser, threads: Threads = 1, model_root: Path | None = None, timeout_ms: float = 600_000):
+    """transformers.js loaded in a fresh page of `browser` (a Playwright Browser) with the export and `threads`
+    WASM threads: peers.peer_page's (generate, info). A request off 127.0.0.1 (a hub, a CDN) fails it."""
     def offsite(page, errors):  # nothing from a hub or a CDN: every http(s) request stays on the server
         page.on("request", lambda r: r.url.startswith("http") and not r.url.startswith(origin)
                 and errors.append(f"a request off 127.0.0.1: {r.url}"))
 
     with serve_transformersjs(model_root) as url:
         origin = url.rsplit("/", 1)[0] + "/"
-        info, results = run_page(browser, url, "transformers.js", prompts, n_predict, threads, warmup, timeout_ms, offsite)
-    return {"transformersjs_info": {**info, "package_version": transformersjs_version()}, "results": results}
+        with peer_page(browser, url, "transformers.js", threads, timeout_ms, offsite) as (generate, info):
+            yield generate, {**info, "package_version": transformersjs_version()}
+
+
+def run_transformersjs(browser, prompts: list[list[int]], n_predict: int, threads: Threads = 1,
+                       model_root: Path | None = None, warmup: bool = True, timeout_ms: float = 600_000) -> dict:
+    """transformersjs_page's generate: up to n_predict greedy tokens after each prompt (lists of token ids,
+    as given: no BOS added; the end token stops it), one prompt after another. A warm-up run of the first
+    prompt (4 tokens) goes first unless warmup is False. Returns {"transformersjs_info": {...}, "results": [PeerResult]}."""
+    with transformersjs_page(browser, threads, model_root, timeout_ms) as (generate, info):
+        return {"transformersjs_info": info, "results": decode_all(generate, prompts, n_predict, warmup)}
 
 
 def bench_transformersjs(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
