@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from builder.data.tasks import load_tokenizer
+from builder.decode.loop import LOOKUP_SPAN
 from tests.conftest import INHOUSE, BASE_DIR, run
 
 
@@ -29,7 +30,7 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
         for share, tps, decode_tps in zip(row["prefill_share_rounds"], row["tokens_per_s_rounds"],
                                           row["decode_tokens_per_s_rounds"]):
             assert abs(share - (1 - tps / decode_tps)) < 0.01, row
-        assert len(row["accept_by_position"]) == row["k"]
+        assert row["k"] <= len(row["accept_by_position"]) <= LOOKUP_SPAN * row["k"]  # a lookup step drafts up to 2k
         # mean(accepted + 1) = 1 + sum over i of P(accepted >= i): the two figures must agree (to rounding)
         assert abs(row["tau"] - 1 - sum(row["accept_by_position"])) <= 0.0005 * (row["k"] + 1), row
     mem = data["memory"]

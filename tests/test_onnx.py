@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from builder.export.manifest import MANIFEST
-from builder.decode.loop import DEFAULT_LOOKUP, DEFAULT_MODE, compare_to_reference, decode
+from builder.decode.loop import DEFAULT_LOOKUP, DEFAULT_MODE, LOOKUP_SPAN, compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.errors import CheckpointError
 from builder.models.head import load_head
@@ -77,6 +77,7 @@ def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, base, 
     assert m["tasks"] == {t: {"prefix": [ids(marker)], "suffix": [ids(sep)] if sep else []}
                           for t, (marker, sep) in TASKS.items() if ids(marker) is not None}
     assert m["kv"]["sequence_axis"] == 1 and m["defaults"] == {"k": 4, "max_new_tokens": 32, "mode": DEFAULT_MODE, "lookup": DEFAULT_LOOKUP}
+    assert m["lookup_span"] == LOOKUP_SPAN, "the page's decode reads Python's span from here"
 
 
 def external(path):

@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 
 from builder.site.browser import served
-from builder.decode.loop import compare_to_reference, decode
+from builder.decode.loop import LOOKUP_SPAN, compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.decode.onnx_backend import OnnxBackend
 from builder.site.build import VENDOR
@@ -389,7 +389,7 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
         assert page.locator("#output .tok.drafted").count() > 0, "no accepted draft is highlighted"
         assert float(page.locator("#tps").inner_text()) > 0
         assert float(page.locator("#tau").inner_text()) > 1
-        assert page.locator("#bars .bar").count() == 4
+        assert 4 <= page.locator("#bars .bar").count() <= 4 * LOOKUP_SPAN, "k = 4 positions, more where lookup accepted more"
         copied, steps = map(int, re.fullmatch(r"(\d+) of (\d+)", page.locator("#lookups").inner_text()).groups())
         assert copied <= steps == int(page.locator("#steps").inner_text())
         assert page.locator("#lookup").is_checked(), "prompt lookup is on by default, as in the CLI"

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from builder.decode.loop import decode, prompt_lookup
+from builder.decode.loop import LOOKUP_SPAN, decode, prompt_lookup
 from builder.decode.torch_backend import TorchBackend, decode_ar
 from builder.models.llama import Llama, LlamaConfig
 from tests.conftest import check_steps
@@ -122,12 +122,53 @@ def test_prompt_lookup_first_keeps_plain_greedy_tokens(base, p_wrong):
         seq = prompt + got.ids
         k_steps = [min(4, 40 - (n - len(prompt)) - 1) for n in decided]  # none at a last step with room for one
         assert got.lookups == [k > 0 and bool(prompt_lookup(seq[:n], k)) for n, k in zip(decided, k_steps)]
+        spans = [min(LOOKUP_SPAN * 4, 40 - (n - len(prompt)) - 1) for n in decided]  # a lookup step's most drafts
+        assert all(a <= (s if looked else k) for a, s, k, looked in zip(got.accepted, spans, k_steps, got.lookups))
         assert len(drafter.calls) == sum(k > 0 for k in k_steps) - sum(got.lookups), \
             "the drafter runs only where lookup drafts nothing"
         looked_up += sum(got.lookups)
         plain_drafts = decode(TorchBackend(base, OracleDrafter(prompt, ref.ids, p_wrong, seed)), prompt, 40, None, 4)
         assert plain_drafts.ids == ref.ids and not any(plain_drafts.lookups), "lookup is off by default in decode"
     assert looked_up > 4
+
+
+class CycleBackend:
+    """A fake base whose greedy choice after token t is (t + 1) mod 10: its text is a cycle, so once the cycle
+    has come round, prompt lookup drafts all the way; it records every verify's length."""
+
+    context = 64
+
+    def __init__(self):
+        self.fed = []
+
+    def prefill(self, ids):
+        return list(ids)
+
+    def verify(self, state, ids):
+        self.fed.append(len(ids))
+        return [(t + 1) % 10 for t in ids], [1.0] * len(ids), state + list(ids)
+
+    def rollback(self, state, n_fed):
+        return state[: len(state) - self.fed[-1] + n_fed]  # the last verify's rejected drafts go
+
+    def draft(self, state, token, k):
+        return []  # the mode's own source drafts nothing: only lookup drafts
+
+
+def test_prompt_lookup_drafts_up_to_its_span_not_just_k():
+    """Where the text copies itself further than k tokens, a lookup step drafts up to LOOKUP_SPAN x k and
+    accepts them all; the acceptance figures count those positions beyond k too (tau = 1 + their sum)."""
+    from builder.decode.loop import acceptance
+
+    base = CycleBackend()
+    prompt = list(range(10)) * 2 + [0, 1]  # the cycle has come round: its last three tokens occurred before
+    got = decode(base, prompt, 30, None, 3, lookup=True)
+    assert got.ids == [(2 + i) % 10 for i in range(30)]
+    assert got.lookups[0] and got.accepted[0] == LOOKUP_SPAN * 3 and base.fed[0] == LOOKUP_SPAN * 3 + 1
+    assert max(base.fed) == LOOKUP_SPAN * 3 + 1, "never more than the span, plus the token it follows"
+    tau, by_position = acceptance(got.accepted, 3)
+    assert len(by_position) == max(got.accepted) == LOOKUP_SPAN * 3 and abs(tau - 1 - sum(by_position)) < 1e-9
+    assert acceptance([1, 0], 3) == (1.5, [0.5, 0.0, 0.0]), "at least k positions"
 
 
 LOOKUP_JS = """
@@ -152,3 +193,39 @@ def test_the_page_looks_up_the_same_drafts_as_python(tmp_path):
     assert run.returncode == 0, run.stderr
     want = [prompt_lookup(ids, k) for ids, k in cases]
     assert sum(map(bool, want)) > 100 and json.loads(run.stdout) == want
+
+
+DECODE_JS = """
+const [,, lib, prompt, span] = process.argv;
+const { decode } = await import(lib);
+const fed = [];
+const backend = {  // CycleBackend's fake base: after token t, (t + 1) mod 10; the mode's source drafts nothing
+  context: 64,
+  async prefill(ids) { return ids.slice(); },
+  async verify(state, ids) { fed.push(ids.length); return [ids.map((t) => (t + 1) % 10), state.concat(ids)]; },
+  rollback(state, nFed) { return state.slice(0, state.length - fed.at(-1) + nFed); },
+  async draft() { return []; },
+};
+const out = await decode(backend, JSON.parse(prompt), { maxNewTokens: 30, eos: null, k: 3, lookup: true, lookupSpan: +span });
+console.log(JSON.stringify({ ids: out.ids, accepted: out.accepted, lookups: out.lookups, fed }));
+"""
+
+
+def test_the_page_decodes_with_the_same_lookup_span_as_python(tmp_path):
+    """web/src/generate.mjs's decode, run by node on CycleBackend's fake base with the manifest's span, takes
+    the steps Python's decode takes: the same tokens, accepted drafts, lookup steps and verify lengths."""
+    import json
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    prompt = list(range(10)) * 2 + [0, 1]
+    base = CycleBackend()
+    want = decode(base, prompt, 30, None, 3, lookup=True)
+    (tmp_path / "decode.mjs").write_text(DECODE_JS)
+    run = subprocess.run(["node", str(tmp_path / "decode.mjs"), (ROOT / "web" / "src" / "generate.mjs").as_uri(),
+                          json.dumps(prompt), str(LOOKUP_SPAN)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert max(want.accepted) > 3, "a check of the span: some step accepted more than k"
+    assert got == {"ids": want.ids, "accepted": want.accepted, "lookups": want.lookups, "fed": base.fed}

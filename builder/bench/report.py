@@ -235,7 +235,7 @@ def plots(data: dict, out: Path) -> list[str]:
             rows = [r for r in results if r["task"] == task and r["mode"] == mode and r["runtime"] == runtimes[0]]
             if rows:
                 r = max(rows, key=lambda r: r["k"])
-                ax.plot(range(1, r["k"] + 1), r["accept_by_position"], marker="o", label=f"{MODE_NAMES[mode]} k={r['k']}")
+                ax.plot(range(1, len(r["accept_by_position"]) + 1), r["accept_by_position"], marker="o", label=f"{MODE_NAMES[mode]} k={r['k']}")
         ax.set_ylim(0, 1)
         ax.set_xlabel("draft position")
         ax.set_title(f"{task}: share of steps accepting draft i")

@@ -22,9 +22,10 @@ How a decode goes, for a prompt of P tokens:
   verifies it alone.
 - the cache is rolled back to the n + 1 fed tokens that were right (a prefix view, no copy).
 With `lookup`, a step first tries prompt lookup (`prompt_lookup`): where the text's last three tokens
-occurred before, in the prompt or the answer so far, the tokens that followed them there are the drafts
-(no model runs; a summary or a proofread sentence copies much of its prompt); elsewhere the mode's own
-source drafts. `Decoded.lookups` says which steps lookup drafted.
+occurred before, in the prompt or the answer so far, the up to LOOKUP_SPAN x k tokens that followed them
+there are the drafts (no model runs; a summary or a proofread sentence copies much of its prompt, often
+further than k tokens); elsewhere the mode's own source drafts k. `Decoded.lookups` says which steps
+lookup drafted.
 `steps` counts the base passes after the prefill: plain decoding takes one per token.
 Decoding stops after `max_new_tokens` tokens, once the end-of-sequence token is decided (it is kept
 in `ids`, and dropped from the text), or when the sequence fills the context window (a clamp: the
@@ -59,6 +60,7 @@ DEFAULT_MODE = "mtp"          # the CLI's and (by the manifest) the page's
 DEFAULT_K = 4                 # drafts per speculative step: the one default of the CLI and (by the manifest) the page
 DEFAULT_MAX_NEW_TOKENS = 32   # likewise
 DEFAULT_LOOKUP = True         # prompt lookup before the mode's draft source: likewise
+LOOKUP_SPAN = 2               # prompt lookup drafts up to this many times k tokens (the page reads it from the manifest)
 
 
 def prompt_lookup(ids: list[int], k: int) -> list[int]:
@@ -88,8 +90,8 @@ def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
 
 def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None, k: int = 0,
            lookup: bool = False) -> Decoded:
-    """Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first)
-    and the base verifies them."""
+    """Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first,
+    up to LOOKUP_SPAN x k) and the base verifies them."""
     limit = room(prompt_ids, max_new_tokens, backend.context)
     out = Decoded()
     t0 = time.perf_counter()
@@ -98,8 +100,9 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
     token = prompt_ids[-1]
     while True:
         # never draft past the limit: that also keeps every fed position inside the context
-        k_step = min(k, limit - len(out.ids) - 1)
-        drafts = prompt_lookup(prompt_ids + out.ids, k_step) if lookup and k_step > 0 else []
+        left = limit - len(out.ids) - 1
+        k_step = min(k, left)
+        drafts = prompt_lookup(prompt_ids + out.ids, min(LOOKUP_SPAN * k, left)) if lookup and k_step > 0 else []
         looked_up = bool(drafts)
         if k_step > 0 and not looked_up:
             drafts = backend.draft(state, token, k_step)
@@ -140,8 +143,9 @@ def compare_to_reference(ref: Decoded, ids: list[int]) -> tuple[str, int | None]
 def acceptance(accepted: list[int], k: int) -> tuple[float, list[float]]:
     """CONTRACT.md's acceptance figures of speculative steps: tau, the mean over steps of accepted drafts
     + 1 (tokens decided per base pass; 1 for plain decoding, which records no steps), and for draft
-    positions 1..k the share of steps that accepted the i-th draft."""
+    positions 1..k, and on to the furthest a prompt lookup step accepted, the share of steps that accepted
+    the i-th draft (so tau = 1 + their sum)."""
     if not accepted:
         return 1.0, [0.0] * k
     tau = sum(a + 1 for a in accepted) / len(accepted)
-    return tau, [sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)]
+    return tau, [sum(a >= i for a in accepted) / len(accepted) for i in range(1, max(k, *accepted) + 1)]

@@ -161,7 +161,7 @@ function generate({ prompt, task = 'continue', mode, k, lookup, maxNewTokens, tr
     let out, ms;
     try {
       out = await decode(backend, promptIds, {
-        maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, lookup, signal,
+        maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, lookup, lookupSpan: manifest.lookup_span, signal,
         onStep(sofar) {
           firstTokenMs ??= performance.now() - t0;
           onStep?.(sofar, performance.now() - t0);

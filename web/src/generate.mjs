@@ -37,16 +37,16 @@ export function promptLookup(ids, k) {
 }
 
 /**
- * Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first) and the base
- * verifies them.
+ * Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first, up to
+ * lookupSpan x k: the manifest's lookup_span, Python's LOOKUP_SPAN) and the base verifies them.
  * @param {{context: number, prefill: Function, verify: Function, rollback: Function, draft: Function}} backend
  * @param {number[]} promptIds
- * @param {{maxNewTokens: number, eos: number|null, k?: number, lookup?: boolean, onStep?: (out: object) => void,
- *   signal?: AbortSignal}} options
+ * @param {{maxNewTokens: number, eos: number|null, k?: number, lookup?: boolean, lookupSpan?: number,
+ *   onStep?: (out: object) => void, signal?: AbortSignal}} options
  * @returns {Promise<{ids: number[], steps: number, accepted: number[], lookups: boolean[], stopped: string,
  *   prefillMs: number}>}
  */
-export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, lookup = false, onStep, signal }) {
+export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, lookup = false, lookupSpan = 1, onStep, signal }) {
   const limit = room(promptIds, maxNewTokens, backend.context);
   const out = { ids: [], steps: 0, accepted: [], lookups: [], stopped: '', prefillMs: 0 };
   const t0 = performance.now();
@@ -55,8 +55,9 @@ export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, loo
   let token = promptIds.at(-1);
   while (!signal?.aborted) {
     // never draft past the limit: that also keeps every fed position inside the context
-    const kStep = Math.min(k, limit - out.ids.length - 1);
-    let drafts = lookup && kStep > 0 ? promptLookup(promptIds.concat(out.ids), kStep) : [];
+    const left = limit - out.ids.length - 1;
+    const kStep = Math.min(k, left);
+    let drafts = lookup && kStep > 0 ? promptLookup(promptIds.concat(out.ids), Math.min(lookupSpan * k, left)) : [];
     const lookedUp = drafts.length > 0;
     if (kStep > 0 && !lookedUp) drafts = await backend.draft(state, token, kStep);
     let choices;
@@ -87,11 +88,13 @@ export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, loo
 /**
  * CONTRACT.md's acceptance figures of speculative steps, as Python's `acceptance`: tau, the mean over steps
  * of accepted drafts + 1 (tokens decided per base pass; 1 for plain decoding, which records no steps), and
- * for draft positions 1..k the share of steps that accepted the i-th draft.
+ * for draft positions 1..k, and on to the furthest a prompt lookup step accepted, the share of steps that
+ * accepted the i-th draft (so tau = 1 + their sum).
  * @returns {[number, number[]]}
  */
 export function acceptance(accepted, k) {
   if (!accepted.length) return [1, new Array(k).fill(0)];
   const tau = accepted.reduce((sum, a) => sum + a + 1, 0) / accepted.length;
-  return [tau, Array.from({ length: k }, (_, i) => accepted.filter((a) => a >= i + 1).length / accepted.length)];
+  const positions = Math.max(k, ...accepted);  // a prompt lookup step may accept more than k
+  return [tau, Array.from({ length: positions }, (_, i) => accepted.filter((a) => a >= i + 1).length / accepted.length)];
 }
