@@ -6,7 +6,7 @@ default), and the same two for the drafter. The prompts are the held-back prompt
 (corpus.validation_prompts over the installed Debian documentation); their sha256 is printed, because another
 version of that documentation gives other prompts. docs/results.md reports it. Run from the repository root:
 
-    python bench/heads/tau.py [--prompts 12] [--k 4] [--new-tokens 48] [--drafter]
+    python bench/heads/tau.py [--prompts 12] [--k 4] [--new-tokens 48] [--drafter] [--lookup both|yes|no]
 """
 import argparse
 import hashlib
@@ -17,6 +17,7 @@ import torch
 from builder.data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
 from builder.data.tasks import load_tokenizer
 from builder.decode.drafter import load_drafter, torch_drafter
+from builder.decode.loop import LOOKUP_SPAN
 from builder.models.head import load_head
 from builder.models.llama import load_llama
 from builder.train.distill import measure_acceptance
@@ -30,11 +31,13 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=12, help="held-back prompts per task (the card's 12)")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--k", default="4", help="comma-separated")
+    ap.add_argument("--lookup", choices=("both", "yes", "no"), default="both", help="with prompt lookup first, without, or both")
     args = ap.parse_args()
     base, tok = load_llama(args.base), load_tokenizer(args.base)
     prompts = validation_prompts(load_corpus(HEAD_SOURCES), args.prompts, tasks=tuple(tok.tasks))
     digest = hashlib.sha256(json.dumps([(p["task"], p["prompt"]) for p in prompts]).encode()).hexdigest()
-    print(f"{args.prompts} prompts a task, {args.new_tokens} new tokens; prompts sha256 {digest[:16]}")
+    print(f"{args.prompts} prompts a task, {args.new_tokens} new tokens; prompts sha256 {digest[:16]}; "
+          f"prompt lookup drafts up to {LOOKUP_SPAN} x k")
     ks = [int(k) for k in args.k.split(",")]
     sources = {"head": {"head": load_head(args.head, base).float().eval()}}
     if args.drafter:
@@ -42,7 +45,7 @@ def main() -> None:
     print("| task | source | prompt lookup first | " + " | ".join(f"k={k}" for k in ks) + " | mismatches |")
     print("| --- " * (4 + len(ks)) + "|")
     for name, source in sources.items():
-        for lookup in (False, True):
+        for lookup in {"both": (False, True), "yes": (True,), "no": (False,)}[args.lookup]:
             with torch.no_grad():
                 table = measure_acceptance(base, tok, prompts, ks, args.new_tokens, lookup=lookup, **source)
             for task in tok.tasks:

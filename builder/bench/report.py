@@ -197,6 +197,10 @@ def profile_table(data: dict, runtime: str) -> str:
         notes.append(f"Operator nodes per graph: base {nodes['base']}"
                      + (f"; head {', '.join(heads)}" if heads else "")
                      + (f"; drafter {nodes['drafter']}" if "drafter" in nodes else "") + ".")
+    if data.get("lookup"):
+        notes.append("The two predictions assume every step verifies k + 1 tokens after a head run; with prompt lookup "
+                     "first a step it drafted verifies up to 2k + 1 and runs no head, so they overstate where lookup "
+                     "drafted long spans.")
     return "\n".join(lines) + "\n\n" + " ".join(notes)
 
 
