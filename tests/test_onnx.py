@@ -113,14 +113,29 @@ def test_every_weight_is_stored_once(onnx_dir, base, head):
         assert set(heads[0].values()) & set(lm_head.values()), f"{precision}: the head has its own LM head copy"
 
 
-def test_fp32_graphs_of_a_checkpoint_saved_in_fp16_compute_in_fp32_on_its_values(tiny, tmp_path):
+def test_graphs_exported_in_worker_processes_are_the_bytes_one_process_writes(tiny, tiny_onnx, tmp_path, monkeypatch):
+    """The session's tiny export ran its graphs in forked workers (graphs.EXPORT_WORKERS, where there are cores);
+    exported again in this one process, every fp32 graph and weights file is the same, byte for byte."""
+    import os
+
+    from builder.export import graphs
+    from builder.export.manifest import export, read_manifest
+
+    assert (os.cpu_count() or 1) > 1, "one core: the session's export ran in one process too, nothing to compare"
+    monkeypatch.setattr(graphs, "EXPORT_WORKERS", 1)
+    alone, forked = export(tiny, tmp_path, ("fp32",))["files"], read_manifest(tiny_onnx)["files"]
+    assert {f for f in alone if f.endswith(".onnx")} == {f"{g}.onnx" for g in ("base", "drafter", *(f"head_k{k}" for k in range(1, 7)))}
+    assert {f: alone[f]["sha256"] for f in alone} == {f: forked[f]["sha256"] for f in alone}
+
+
+def test_fp32_graphs_of_a_checkpoint_saved_in_fp16_compute_in_fp32_on_its_values(tiny, tiny_onnx, tmp_path):
     """A float16 checkpoint (the tiny base, head and drafter rounded to fp16 and saved): the fp32 graphs
     hold its weights as float16 (half the bytes of the same checkpoint's fp32 export) behind Casts, which
     onnxruntime folds at load, and decode what torch decodes in fp32 on the same values, token for token."""
     import onnxruntime as ort
     from safetensors.torch import save_file
 
-    from builder.export.manifest import Checkpoints, export
+    from builder.export.manifest import Checkpoints, export, read_manifest
     from builder.decode.torch_backend import TorchBackend
     from builder.models.llama import load_llama, load_state
 
@@ -131,7 +146,7 @@ def test_fp32_graphs_of_a_checkpoint_saved_in_fp16_compute_in_fp32_on_its_values
         save_file(state, tmp_path / role / "model.safetensors")
         rounded[role] = tmp_path / role
     ckpts = Checkpoints(rounded["base"], rounded["head"], rounded["drafter"])
-    half, full = export(ckpts, tmp_path / "half", ("fp32",)), export(tiny, tmp_path / "full", ("fp32",))
+    half, full = export(ckpts, tmp_path / "half", ("fp32",)), read_manifest(tiny_onnx)  # full: tiny's fp32 weights
     assert set(half["precisions"]["fp32"]["graphs"]["base"]["weights"]) == {"base.fp16.data"}
     for model in ("base", "head", "drafter"):
         ratio = half["files"][f"{model}.fp16.data"]["bytes"] / full["files"][f"{model}.data"]["bytes"]

@@ -233,28 +233,56 @@ class WeightStore:
         return used
 
 
+# The graphs are exported in worker processes, two at once on a 2-core machine: torch.export and onnxscript's
+# rewriter run in one Python thread, so one process leaves the other cores idle. The workers are forked, as
+# PyTorch's DataLoader forks its own (one torch thread each): they find the models in memory, nothing is
+# pickled, and no script is imported again. They run no onnxruntime session (fuse.py uses its Python optimizer).
+EXPORT_WORKERS = 4  # at most: each worker may come to hold its own copy of the models (an fp16 cast, pages written)
+_models: tuple = ()
+
+
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _export_job(job: tuple[str, str, int]) -> tuple[bytes, dict]:
+    """One graph (its name, its precision, and k for a head), exported from the models this process holds."""
+    name, precision, k = job
+    base, head, drafter = (copy.deepcopy(m).half() if precision == "fp16" and m is not None else m for m in _models)
+    if name == "base":
+        model, spec = export_base(base, embeds=head is not None and bool(head.config.draft_vocab))
+    elif name == "drafter":
+        model, spec = export_base(drafter, embeds=False)  # with the base graph's inputs and outputs but embeds
+    else:
+        model, spec = export_head(head, base, k)
+    return model.SerializeToString(), spec
+
+
 def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out: Path,
                   precisions: tuple[str, ...]) -> dict:
     """Writes every graph, in each precision, with their weights files into out/.
     Returns precision -> {"dtype", "graphs": name -> {file, weights, inputs, outputs}}."""
-    store, result = WeightStore(out), {}
-    for precision in precisions:
-        cast = (lambda m: copy.deepcopy(m).half()) if precision == "fp16" else (lambda m: m)
-        suffix = ".fp16" if precision == "fp16" else ""
-        b = cast(base)
-        embeds = head is not None and bool(head.config.draft_vocab)  # what such a head reads (HeadGraph)
-        jobs = [("base", "base", lambda: export_base(b, embeds))]
-        if head is not None:
-            h = cast(head)
-            jobs += [(f"head_k{k}", "head", lambda k=k: export_head(h, b, k)) for k in range(1, head.config.k_train + 1)]
-        if drafter is not None:
-            d = cast(drafter)
-            jobs.append(("drafter", "drafter", lambda: export_base(d, embeds=False)))
-        graphs = {}
-        for name, owner, make in jobs:
-            model, spec = make()
-            weights = store.externalize(model, owner, suffix)
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    ks = range(1, head.config.k_train + 1) if head is not None else ()
+    jobs = [(name, precision, k) for precision in precisions
+            for name, k in [("base", 0), *((f"head_k{k}", k) for k in ks), *([("drafter", 0)] if drafter else [])]]
+    workers = min(EXPORT_WORKERS, os.cpu_count() or 1, len(jobs))
+    store, result = WeightStore(out), {p: {"dtype": PRECISIONS[p], "graphs": {}} for p in precisions}
+    global _models
+    _models = (base, head, drafter)
+    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), initializer=_one_thread) if workers > 1 else None
+    try:
+        done = pool.map(_export_job, jobs) if pool else map(_export_job, jobs)
+        for (name, precision, _), (proto, spec) in zip(jobs, done):  # in order: the files do not depend on timing
+            model, suffix = onnx.ModelProto.FromString(proto), ".fp16" if precision == "fp16" else ""
+            weights = store.externalize(model, name.split("_")[0], suffix)
             onnx.save(model, out / f"{name}{suffix}.onnx")
-            graphs[name] = {"file": f"{name}{suffix}.onnx", "weights": weights, **spec}
-        result[precision] = {"dtype": PRECISIONS[precision], "graphs": graphs}
+            result[precision]["graphs"][name] = {"file": f"{name}{suffix}.onnx", "weights": weights, **spec}
+    finally:
+        _models = ()
+        if pool:
+            pool.shutdown(cancel_futures=True)
     return result
