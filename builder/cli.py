@@ -266,6 +266,7 @@ def cmd_generate(args) -> None:
             # margins: the base's own top-1 minus top-2 logit at each new token, from the pass that decided it
             print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
                               "lookup": bool(source) and args.lookup, "lookups": out.lookups,
+                              "verified": out.verified,
                               "backend": args.backend, "precision": args.precision, "prompt_ids": prompt_ids,
                               "ids": out.ids, "text": text,
                               "steps": out.steps, "accepted": out.accepted, "stopped": out.stopped,

@@ -92,7 +92,8 @@ def test_peers_run_in_our_rounds_interleaved_and_each_round_compares_like_with_l
     def ours(ids, text, task, mode, k, n):
         calls.append(mode if n == 4 else "warm-up")
         s = clock["s"] * (1.0 if mode == "ar" else 0.5)
-        return [5, 6, 7, 2][:n], 2, [1, 1], s, s / 4
+        return Decoded(ids=[5, 6, 7, 2][:n], steps=2, accepted=[1, 1], lookups=[False, False], verified=[5, 5],
+                       prefill_seconds=s / 4), s
 
     def peer(ids, n):
         calls.append("peer" if n == 4 else "warm-up")
@@ -115,3 +116,32 @@ def test_peers_run_in_our_rounds_interleaved_and_each_round_compares_like_with_l
                          "peers": [{"peer": "transformersjs", "threads": 2, **row}]})
     each = [a / b for a, b in zip(mtp["tokens_per_s_rounds"], row["tokens_per_s_rounds"])]
     assert f"| {each[0]:.2f} {each[1]:.2f} |" in table and "transformersjs-wasm ran in browser-wasm's rounds" in table
+
+
+def test_the_profile_predicts_from_the_base_runs_each_mode_made_at_their_lengths():
+    """measure() counts each MTP row's base runs by length and the head's runs (none in a lookup step, none in a
+    last step with no room to draft); the report's prediction is plain time (tokens x t1) over the time of those
+    runs, a length the profile lacks interpolated between two it has; an older row without the counts falls back
+    to tau x t1 / (verify + head)."""
+    from builder.bench.report import base_ms, predicted_speedups
+    from builder.bench.run import Plan, measure
+    from builder.decode.loop import Decoded
+
+    ref = Decoded(ids=[5, 6, 7, 8, 9, 2], margins=[9.0] * 6)
+    prompts = {"proofread": [([1, 2, 3], "a")]}
+
+    def ours(ids, text, task, mode, k, n):  # mtp: a lookup step of 2k + 1, a head step, a last step with no drafts
+        if mode == "ar":
+            return Decoded(ids=ref.ids, steps=6, verified=[1] * 6), 1.0
+        return Decoded(ids=ref.ids, steps=3, accepted=[3, 1, 0], lookups=[True, False, False],
+                       verified=[2 * k + 1, k + 1, 1]), 0.5
+
+    results, _ = measure("onnx-cpu", ours, prompts, {("proofread", "a", 6): ref}, Plan(1, 6, (2,), 2))
+    mtp = next(r for r in results if r["mode"] == "mtp")
+    assert mtp["base_runs_by_length"] == {"1": 2, "3": 2, "5": 2} and mtp["draft_runs"] == 2 and mtp["tokens"] == 12
+    ms = {"base T=1": 10.0, "base T=3": 14.0, "base T=7": 22.0, "head k=2": 1.0}
+    assert base_ms(ms, 5) == 18.0 and base_ms(ms, 9) is None
+    fast, free = predicted_speedups(mtp, ms, 2)
+    assert abs(fast - 120 / (2 * (10 + 14 + 18) + 2 * 1.0)) < 1e-9 and abs(free - 120 / 84) < 1e-9
+    old = {"tau": 3.0}
+    assert predicted_speedups(old, ms, 2) == (3.0 * 10 / 15, 3.0 * 10 / 14)

@@ -166,6 +166,7 @@ def test_prompt_lookup_drafts_up_to_its_span_not_just_k():
     assert got.ids == [(2 + i) % 10 for i in range(30)]
     assert got.lookups[0] and got.accepted[0] == LOOKUP_SPAN * 3 and base.fed[0] == LOOKUP_SPAN * 3 + 1
     assert max(base.fed) == LOOKUP_SPAN * 3 + 1, "never more than the span, plus the token it follows"
+    assert got.verified == base.fed, "each step records the tokens its base pass read"
     tau, by_position = acceptance(got.accepted, 3)
     assert len(by_position) == max(got.accepted) == LOOKUP_SPAN * 3 and abs(tau - 1 - sum(by_position)) < 1e-9
     assert acceptance([1, 0], 3) == (1.5, [0.5, 0.0, 0.0]), "at least k positions"
@@ -207,7 +208,7 @@ const backend = {  // CycleBackend's fake base: after token t, (t + 1) mod 10; t
   async draft() { return []; },
 };
 const out = await decode(backend, JSON.parse(prompt), { maxNewTokens: 30, eos: null, k: 3, lookup: true, lookupSpan: +span });
-console.log(JSON.stringify({ ids: out.ids, accepted: out.accepted, lookups: out.lookups, fed }));
+console.log(JSON.stringify({ ids: out.ids, accepted: out.accepted, lookups: out.lookups, verified: out.verified, fed }));
 """
 
 
@@ -228,4 +229,5 @@ def test_the_page_decodes_with_the_same_lookup_span_as_python(tmp_path):
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     assert max(want.accepted) > 3, "a check of the span: some step accepted more than k"
-    assert got == {"ids": want.ids, "accepted": want.accepted, "lookups": want.lookups, "fed": base.fed}
+    assert got == {"ids": want.ids, "accepted": want.accepted, "lookups": want.lookups, "verified": want.verified,
+                   "fed": base.fed}

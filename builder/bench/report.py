@@ -163,11 +163,40 @@ def memory_table(mem: dict) -> str:
     return "\n".join(lines)
 
 
+def base_ms(ms: dict, t: int) -> float | None:
+    """The profile's median of a base run over t tokens; between two lengths it has, by straight line."""
+    have = sorted(int(what.split("=")[1]) for what in ms if what.startswith("base T="))
+    if t in have:
+        return ms[f"base T={t}"]
+    lo, hi = [x for x in have if x < t], [x for x in have if x > t]
+    if not lo or not hi:
+        return None
+    a, b = lo[-1], hi[0]
+    return ms[f"base T={a}"] + (ms[f"base T={b}"] - ms[f"base T={a}"]) * (t - a) / (b - a)
+
+
+def predicted_speedups(row: dict, ms: dict, k: int) -> tuple[float, float] | None:
+    """MTP's speed over plain decoding predicted by the graph runs alone, and with a head that cost nothing: a
+    plain token costs a one-token base run (t1); MTP's tokens cost the base runs this row made, each at its
+    own length (a lookup step's up to 2k + 1), plus a head run for each step the head drafted. Rows of an
+    older bench, which did not record the runs: every step a verify of k + 1 and a head run, tau x t1 / (verify
+    + head)."""
+    t1, head = ms["base T=1"], ms.get(f"head k={k}")
+    if "base_runs_by_length" not in row:
+        verify = ms.get(f"base T={k + 1}")
+        return None if verify is None or head is None else (row["tau"] * t1 / (verify + head), row["tau"] * t1 / verify)
+    costs = [(n, base_ms(ms, int(t))) for t, n in row["base_runs_by_length"].items()]
+    if head is None or any(c is None for _, c in costs):
+        return None
+    base = sum(n * c for n, c in costs)
+    return row["tokens"] * t1 / (base + row["draft_runs"] * head), row["tokens"] * t1 / base
+
+
 def profile_table(data: dict, runtime: str) -> str:
     """Where an MTP step's time goes on a runtime with a run profile: per k, the base's verify run and the
     head's draft run (median ms, and as multiples of a one-token base run), and per task MTP's speed over
-    plain decoding three ways: measured, predicted by the graph runs alone (tau x t1 / (verify + head)),
-    and the bound a head that cost nothing would give (tau x t1 / verify)."""
+    plain decoding three ways: measured, predicted by the graph runs alone, and the bound a head that cost
+    nothing would give (predicted_speedups)."""
     prof = data["profile"][runtime]
     ms = {what: p["median_ms"] for what, p in prof.items()}
     t1 = ms["base T=1"]
@@ -183,8 +212,9 @@ def profile_table(data: dict, runtime: str) -> str:
         cells = []
         for task in tasks:
             r = next(r for r in results if (r["task"], r["k"]) == (task, k))
-            cells.append(f"{r['tau']:.2f}, {r['speedup_vs_ar']:.2f}x / {r['tau'] * t1 / (tv + th):.2f}x / "
-                         f"{r['tau'] * t1 / tv:.2f}x")
+            pred = predicted_speedups(r, ms, k)
+            cells.append(f"{r['tau']:.2f}, {r['speedup_vs_ar']:.2f}x / "
+                         + (f"{pred[0]:.2f}x / {pred[1]:.2f}x" if pred else "- / -"))
         lines.append(f"| {k} | {tv:.2f} ({tv / t1:.2f}x) | {th:.2f} ({th / t1:.2f}x) | {tv + th:.2f} | "
                      + " | ".join(cells) + " |")
     drafter = ms.get("drafter T=1")
@@ -197,7 +227,10 @@ def profile_table(data: dict, runtime: str) -> str:
         notes.append(f"Operator nodes per graph: base {nodes['base']}"
                      + (f"; head {', '.join(heads)}" if heads else "")
                      + (f"; drafter {nodes['drafter']}" if "drafter" in nodes else "") + ".")
-    if data.get("lookup"):
+    if results and "base_runs_by_length" in results[0]:
+        notes.append("The two predictions take the base runs each mode made at their own lengths (prompt lookup's "
+                     "steps verify up to 2k + 1 tokens and run no head; a length the profile lacks is interpolated).")
+    elif data.get("lookup"):
         notes.append("The two predictions assume every step verifies k + 1 tokens after a head run; with prompt lookup "
                      "first a step it drafted verifies up to 2k + 1 and runs no head, so they overstate where lookup "
                      "drafted long spans.")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -103,7 +104,8 @@ def modes(ks) -> list[tuple[str, int]]:
     return [(mode, k if source else 0) for mode, source in MODES.items() for k in (ks if source else (0,))]
 
 
-# --- runners: (prompt_ids, text, task, mode, k, n) -> (ids, steps, accepted, seconds, prefill seconds) ---
+# --- runners: (prompt_ids, text, task, mode, k, n) -> (Decoded: ids, steps, accepted, lookups, verified and
+# prefill seconds; the whole call's seconds) ---
 
 def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
     """The runner of a Python runtime and, for onnx-cpu, a function giving where a step's time went
@@ -137,7 +139,7 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
         backend = backends[mode](k)  # torch: a fresh drafter state per decode, as the page has
         t0 = time.perf_counter()
         out = decode(backend, prompt_ids, n, eos, k, lookup=DEFAULT_LOOKUP)
-        return out.ids, out.steps, out.accepted, time.perf_counter() - t0, out.prefill_seconds
+        return out, time.perf_counter() - t0
 
     if runtime == "torch":
         return run, None
@@ -162,11 +164,14 @@ def page_generate(page, text: str, task: str, mode: str, k: int, n: int, trace: 
 
 
 def browser_runner(page):
+    from ..decode.loop import Decoded
+
     def run(prompt_ids, text, task, mode, k, n):
         r = page_generate(page, text, task, mode, k, n)
         if r["promptIds"] != prompt_ids:
             raise RuntimeError(f"the page encodes {text!r} differently from Python")
-        return r["ids"], r["steps"], r["accepted"], r["ms"] / 1000, r["prefillMs"] / 1000
+        return Decoded(ids=r["ids"], steps=r["steps"], accepted=r["accepted"], lookups=r["lookups"],
+                       verified=r["verified"], prefill_seconds=r["prefillMs"] / 1000), r["ms"] / 1000
 
     return run
 
@@ -280,16 +285,19 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, peers: dic
                         add_peer_result(t, rep, peers[peer](ids, plan.new_tokens), refs[(task, text, plan.new_tokens)], eos)
                     continue
                 r = rounds.setdefault((task, mode, k), {"tps": [], "decode_tps": [], "prefill_share": [], "tokens": 0,
-                                                        "steps": 0, "accepted": [], "mismatches": 0, "near_ties": 0})
+                                                        "steps": 0, "accepted": [], "mismatches": 0, "near_ties": 0,
+                                                        "verified": Counter(), "draft_runs": 0})
                 tokens, seconds, prefill = 0, 0.0, 0.0
                 for ids, text in items[task]:
-                    out, steps, accepted, s, p = run(ids, text, task, mode, k, plan.new_tokens)
-                    verdict, _ = compare_to_reference(refs[(task, text, plan.new_tokens)], out)
+                    out, s = run(ids, text, task, mode, k, plan.new_tokens)
+                    verdict, _ = compare_to_reference(refs[(task, text, plan.new_tokens)], out.ids)
                     r["mismatches"] += verdict == "mismatch"
                     r["near_ties"] += verdict == "near-tie"
-                    r["steps"] += steps
-                    r["accepted"] += accepted
-                    tokens, seconds, prefill = tokens + len(out), seconds + s, prefill + p
+                    r["steps"] += out.steps
+                    r["accepted"] += out.accepted
+                    r["verified"].update(out.verified)  # the base passes by length, and the draft source's runs
+                    r["draft_runs"] += sum(v > 1 and not looked for v, looked in zip(out.verified, out.lookups))
+                    tokens, seconds, prefill = tokens + len(out.ids), seconds + s, prefill + out.prefill_seconds
                 r["tokens"] += tokens
                 r["tps"].append(tokens / seconds)
                 r["decode_tps"].append(tokens / (seconds - prefill))
@@ -316,6 +324,8 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, peers: dic
                         "mean_new_tokens": round(r["tokens"] / (plan.repeats * len(items[task])), 1),
                         "prefill_share": round(statistics.median(r["prefill_share"]), 4),
                         "prefill_share_rounds": [round(x, 4) for x in r["prefill_share"]],
+                        "tokens": r["tokens"], "base_runs_by_length": {str(t): n for t, n in sorted(r["verified"].items())},
+                        "draft_runs": r["draft_runs"],
                         "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
     peer_rows = [{"runtime": name, "interleaved_with": runtime, **peer_row(task, t, plan)}
                  for (name, task), t in peer_rounds.items()]

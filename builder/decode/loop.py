@@ -51,6 +51,7 @@ class Decoded:
     stopped: str = ""  # why decoding ended: one of STOP_REASONS
     prefill_seconds: float = 0.0  # wall time of the prefill (the same base pass in every mode)
     lookups: list[bool] = field(default_factory=list)  # per step, whether prompt lookup drafted it (plain: empty)
+    verified: list[int] = field(default_factory=list)  # per step, the tokens its base pass read (1 + drafts)
 
 
 STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
@@ -112,6 +113,7 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
             n += 1
         state = backend.rollback(state, n + 1)  # keep [token, d_1..d_n]; the rejected drafts go
         out.steps += 1
+        out.verified.append(1 + len(drafts))
         if k:
             out.accepted.append(n)
             out.lookups.append(looked_up)

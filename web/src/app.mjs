@@ -135,7 +135,7 @@ let controller = null;
  * lookup before the mode's draft source: generate.mjs) and maxNewTokens default to the manifest's `defaults`;
  * trace: true returns every graph run's inputs and outputs.
  * onStep(sofar, ms) sees the decode after every step; an aborted signal stops it at the next step.
- * @returns {Promise<{promptIds, ids, text, steps, accepted, lookups, lookup, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
+ * @returns {Promise<{promptIds, ids, text, steps, accepted, lookups, verified, lookup, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
  *   stopped, trace?}>}
  */
 function generate({ prompt, task = 'continue', mode, k, lookup, maxNewTokens, trace = false, onStep, signal } = {}) {
@@ -178,7 +178,7 @@ function generate({ prompt, task = 'continue', mode, k, lookup, maxNewTokens, tr
       backend.close();
     }
     return { promptIds, ids: out.ids, text: tokenizer.decode(out.ids), steps: out.steps, accepted: out.accepted,
-      lookups: out.lookups, lookup: !!source && lookup, ms, prefillMs: out.prefillMs, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
+      lookups: out.lookups, verified: out.verified, lookup: !!source && lookup, ms, prefillMs: out.prefillMs, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
       k: source ? k : 0, task, stopped: out.stopped, ...(trace ? { trace: backend.trace } : {}) };
   });
   chain = job.catch(() => {});

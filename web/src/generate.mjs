@@ -43,12 +43,12 @@ export function promptLookup(ids, k) {
  * @param {number[]} promptIds
  * @param {{maxNewTokens: number, eos: number|null, k?: number, lookup?: boolean, lookupSpan?: number,
  *   onStep?: (out: object) => void, signal?: AbortSignal}} options
- * @returns {Promise<{ids: number[], steps: number, accepted: number[], lookups: boolean[], stopped: string,
- *   prefillMs: number}>}
+ * @returns {Promise<{ids: number[], steps: number, accepted: number[], lookups: boolean[], verified: number[],
+ *   stopped: string, prefillMs: number}>} verified: per step, the tokens its base pass read (1 + drafts)
  */
 export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, lookup = false, lookupSpan = 1, onStep, signal }) {
   const limit = room(promptIds, maxNewTokens, backend.context);
-  const out = { ids: [], steps: 0, accepted: [], lookups: [], stopped: '', prefillMs: 0 };
+  const out = { ids: [], steps: 0, accepted: [], lookups: [], verified: [], stopped: '', prefillMs: 0 };
   const t0 = performance.now();
   let state = await backend.prefill(promptIds.slice(0, -1));
   out.prefillMs = performance.now() - t0;  // the same base pass in every mode
@@ -66,6 +66,7 @@ export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, loo
     while (n < drafts.length && drafts[n] === choices[n]) n += 1;  // acceptance: the base chose the draft itself
     state = backend.rollback(state, n + 1);  // keep [token, d_1..d_n]; the rejected drafts go
     out.steps += 1;
+    out.verified.push(1 + drafts.length);
     if (k) {
       out.accepted.push(n);
       out.lookups.push(lookedUp);
