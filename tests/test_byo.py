@@ -78,6 +78,8 @@ def test_train_head_reports_tau_and_leaves_the_base_alone(byo):
     log = json.loads((head_dir / "train_log.json").read_text())
     assert log["device"] == "cpu" and log["data"].endswith("my_text.txt") and log["resumed_at_step"] == 0
     assert not (head_dir / "checkpoint").exists(), "the checkpoint is removed once the head is saved"
+    digest = log["acceptance_prompts_sha256"]  # which held-back prompts the card's tau table was measured on
+    assert len(digest) == 16 and int(digest, 16) >= 0 and f"(task, prompt) pairs `{digest}`" in (head_dir / "README.md").read_text()
     config = json.loads((head_dir / "config.json").read_text())
     assert config["base_fingerprint"] == base_fingerprint(load_llama(base_dir))  # the base file is unchanged
 

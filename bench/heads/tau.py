@@ -9,12 +9,10 @@ version of that documentation gives other prompts. docs/results.md reports it. R
     python bench/heads/tau.py [--prompts 12] [--k 4] [--new-tokens 48] [--drafter] [--lookup both|yes|no]
 """
 import argparse
-import hashlib
-import json
 
 import torch
 
-from builder.data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
+from builder.data.corpus import HEAD_SOURCES, load_corpus, prompts_digest, validation_prompts
 from builder.data.tasks import load_tokenizer
 from builder.decode.drafter import load_drafter, torch_drafter
 from builder.decode.loop import LOOKUP_SPAN
@@ -35,8 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     base, tok = load_llama(args.base), load_tokenizer(args.base)
     prompts = validation_prompts(load_corpus(HEAD_SOURCES), args.prompts, tasks=tuple(tok.tasks))
-    digest = hashlib.sha256(json.dumps([(p["task"], p["prompt"]) for p in prompts]).encode()).hexdigest()
-    print(f"{args.prompts} prompts a task, {args.new_tokens} new tokens; prompts sha256 {digest[:16]}; "
+    print(f"{args.prompts} prompts a task, {args.new_tokens} new tokens; prompts sha256 {prompts_digest(prompts)}; "
           f"prompt lookup drafts up to {LOOKUP_SPAN} x k")
     ks = [int(k) for k in args.k.split(",")]
     sources = {"head": {"head": load_head(args.head, base).float().eval()}}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -482,6 +483,12 @@ def summary_pairs(sections: list[Section]) -> list[tuple[str, str]]:
         if len(text) >= PASSAGE_CHARS[0]:
             out.append((text, heading))
     return out
+
+
+def prompts_digest(prompts: list[dict]) -> str:
+    """The first 16 hex digits of the sha256 of the prompts' (task, prompt) pairs: which held-back prompts a
+    tau was measured on (another version of the installed documentation gives other prompts)."""
+    return hashlib.sha256(json.dumps([(p["task"], p["prompt"]) for p in prompts]).encode()).hexdigest()[:16]
 
 
 def validation_prompts(corpus: Corpus, n_per_task: int, seed: int = 1,

@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
+from ..data.corpus import HEAD_SOURCES, load_corpus, prompts_digest, validation_prompts
 from ..data.tasks import load_tokenizer
 from ..errors import CheckpointError
 from ..models.head import base_fingerprint
 from ..models.llama import Llama, LlamaConfig, load_llama, save_llama
-from .distill import distilled, each_once, make_batches, measure_acceptance, training_prompts
+from .distill import distilled, each_once, make_batches, measure_acceptance, prompts_line, training_prompts
 from .head import HeadTrainConfig
 from .loop import Run, Schedule, sequential, train
 
@@ -158,8 +158,9 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
     save_llama(drafter, out, {"base_fingerprint": log["base_fingerprint"]})
     shutil.copyfile(Path(base_dir) / "tokenizer.json", out / "tokenizer.json")
     ks = range(1, HeadTrainConfig().k + 1)  # the k of the head's table, for a side-by-side comparison
-    log["acceptance"] = measure_acceptance(base, tok, validation_prompts(corpus, cfg.eval_prompts, tasks=tuple(tok.tasks)), ks,
-                                           drafter=torch_drafter(drafter))
+    prompts = validation_prompts(corpus, cfg.eval_prompts, tasks=tuple(tok.tasks))
+    log["acceptance"] = measure_acceptance(base, tok, prompts, ks, drafter=torch_drafter(drafter))
+    log["acceptance_prompts_sha256"] = prompts_digest(prompts)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log)
     shutil.rmtree(checkpoint, ignore_errors=True)  # the drafter is saved: nothing left to resume
@@ -201,7 +202,7 @@ drafter** that Frozen MTP is compared against. Standard Hugging Face layout (`co
 ## Acceptance (validation prompts, 48 new tokens, torch)
 
 tau = tokens decided per base pass; acceptance by position = share of steps whose i-th draft was accepted;
-mismatches against plain greedy decoding must be 0.
+mismatches against plain greedy decoding must be 0.{prompts_line(log)}
 
 | task | k | tau | acceptance by position | mismatches |
 | --- | --- | --- | --- | --- |

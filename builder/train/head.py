@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..data.corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, validation_prompts
+from ..data.corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, prompts_digest, validation_prompts
 from ..data.tasks import TASKS, load_tokenizer
 from ..errors import CheckpointError
 from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from ..models.llama import Llama, load_llama
-from .distill import distilled, each_once, greedy_continuations, make_batches, measure_acceptance, training_prompts
+from .distill import distilled, each_once, greedy_continuations, make_batches, measure_acceptance, prompts_line, training_prompts
 from .loop import RunState, Run, Schedule, sequential, train
 
 logger = logging.getLogger(__name__)
@@ -317,6 +317,7 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
     logger.info("measuring tau on %d held-back prompts per task", cfg.eval_prompts)
     prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)), tasks=tuple(tok.tasks))
     log["acceptance"] = measure_acceptance(base, tok, prompts, range(1, head.config.k_train + 1), head=head)
+    log["acceptance_prompts_sha256"] = prompts_digest(prompts)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log, head.config)
     shutil.rmtree(checkpoint, ignore_errors=True)  # the head is saved: nothing left to resume
@@ -441,7 +442,7 @@ The base's parameters never required gradients and were checked bit-for-bit unch
 tau = mean over decode steps of (accepted drafts + 1): tokens decided per base pass. Acceptance by
 position i = share of steps whose i-th draft was accepted. Greedy, up to 48 new tokens; "mismatches"
 counts outputs that differ from plain greedy decoding (must be 0); "near-ties" those whose first
-difference is at a near-tie of the base (top-1/top-2 margin < 1e-3, CONTRACT.md's excused case).
+difference is at a near-tie of the base (top-1/top-2 margin < 1e-3, CONTRACT.md's excused case).{prompts_line(log)}
 
 | task | k | tau | acceptance by position | prompts | mismatches | near-ties |
 | --- | --- | --- | --- | --- | --- | --- |
