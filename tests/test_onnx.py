@@ -115,7 +115,8 @@ def test_every_weight_is_stored_once(onnx_dir, base, head):
 
 def test_graphs_exported_in_worker_processes_are_the_bytes_one_process_writes(tiny, tiny_onnx, tmp_path, monkeypatch):
     """The session's tiny export ran its graphs in forked workers (graphs.EXPORT_WORKERS, where there are cores);
-    exported again in this one process, every fp32 graph and weights file is the same, byte for byte."""
+    exported again in this one process, every graph and weights file of each precision is the same, byte for byte
+    (a worker casts the models to fp16 once, for all its fp16 graphs)."""
     import os
 
     from builder.export import graphs
@@ -123,8 +124,9 @@ def test_graphs_exported_in_worker_processes_are_the_bytes_one_process_writes(ti
 
     assert (os.cpu_count() or 1) > 1, "one core: the session's export ran in one process too, nothing to compare"
     monkeypatch.setattr(graphs, "EXPORT_WORKERS", 1)
-    alone, forked = export(tiny, tmp_path, ("fp32",))["files"], read_manifest(tiny_onnx)["files"]
-    assert {f for f in alone if f.endswith(".onnx")} == {f"{g}.onnx" for g in ("base", "drafter", *(f"head_k{k}" for k in range(1, 7)))}
+    alone, forked = export(tiny, tmp_path)["files"], read_manifest(tiny_onnx)["files"]
+    graphs_ = ("base", "drafter", *(f"head_k{k}" for k in range(1, 7)))
+    assert {f for f in alone if f.endswith(".onnx")} == {f"{g}{s}.onnx" for g in graphs_ for s in ("", ".fp16")}
     assert {f: alone[f]["sha256"] for f in alone} == {f: forked[f]["sha256"] for f in alone}
 
 

@@ -239,6 +239,7 @@ class WeightStore:
 # pickled, and no script is imported again. They run no onnxruntime session (fuse.py uses its Python optimizer).
 EXPORT_WORKERS = 4  # at most: each worker may come to hold its own copy of the models (an fp16 cast, pages written)
 _models: tuple = ()
+_cast: dict[str, tuple] = {}  # precision -> the models in it: cast once per process, not once per graph
 
 
 def _one_thread():
@@ -248,7 +249,9 @@ def _one_thread():
 def _export_job(job: tuple[str, str, int]) -> tuple[bytes, dict]:
     """One graph (its name, its precision, and k for a head), exported from the models this process holds."""
     name, precision, k = job
-    base, head, drafter = (copy.deepcopy(m).half() if precision == "fp16" and m is not None else m for m in _models)
+    if precision not in _cast:
+        _cast[precision] = tuple(copy.deepcopy(m).half() if precision == "fp16" and m is not None else m for m in _models)
+    base, head, drafter = _cast[precision]
     if name == "base":
         model, spec = export_base(base, embeds=head is not None and bool(head.config.draft_vocab))
     elif name == "drafter":
@@ -283,6 +286,7 @@ def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out:
             result[precision]["graphs"][name] = {"file": f"{name}{suffix}.onnx", "weights": weights, **spec}
     finally:
         _models = ()
+        _cast.clear()
         if pool:
             pool.shutdown(cancel_futures=True)
     return result
