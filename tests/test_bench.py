@@ -121,9 +121,9 @@ def test_peers_run_in_our_rounds_interleaved_and_each_round_compares_like_with_l
 def test_the_profile_predicts_from_the_base_runs_each_mode_made_at_their_lengths():
     """measure() counts each MTP row's base runs by length and the head's runs (none in a lookup step, none in a
     last step with no room to draft); the report's prediction is plain time (tokens x t1) over the time of those
-    runs, a length the profile lacks interpolated between two it has; an older row without the counts falls back
-    to tau x t1 / (verify + head)."""
-    from builder.bench.report import base_ms, predicted_speedups
+    runs, a length the profile lacks interpolated between two it has, each run at the task's own one-token time plus
+    the profile's extra for its further tokens; an older row without the counts falls back to tau x t1 / (verify + head)."""
+    from builder.bench.report import base_ms, own_t1, predicted_speedups
     from builder.bench.run import Plan, measure
     from builder.decode.loop import Decoded
 
@@ -143,5 +143,11 @@ def test_the_profile_predicts_from_the_base_runs_each_mode_made_at_their_lengths
     assert base_ms(ms, 5) == 18.0 and base_ms(ms, 9) is None
     fast, free = predicted_speedups(mtp, ms, 2)
     assert abs(fast - 120 / (2 * (10 + 14 + 18) + 2 * 1.0)) < 1e-9 and abs(free - 120 / 84) < 1e-9
+    # the task's own one-token run (its plain decoding: 6 tokens a second after the prefill) for t1, and a run over
+    # T tokens costing it plus the profile's extra for T - 1 more tokens
+    t1 = own_t1({"results": results}, "onnx-cpu", "proofread")
+    assert abs(t1 - 1000 / 6) < 1e-6 and own_t1({"results": results}, "onnx-cpu", "reply") is None
+    fast, free = predicted_speedups(mtp, ms, 2, t1=16.0)
+    assert abs(fast - 12 * 16 / (2 * (16 + 20 + 24) + 2 * 1.0)) < 1e-9 and abs(free - 12 * 16 / 120) < 1e-9
     old = {"tau": 3.0}
-    assert predicted_speedups(old, ms, 2) == (3.0 * 10 / 15, 3.0 * 10 / 14)
+    assert predicted_speedups(old, ms, 2) == predicted_speedups(old, ms, 2, t1=16.0) == (3.0 * 10 / 15, 3.0 * 10 / 14)

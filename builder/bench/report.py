@@ -175,21 +175,32 @@ def base_ms(ms: dict, t: int) -> float | None:
     return ms[f"base T={a}"] + (ms[f"base T={b}"] - ms[f"base T={a}"]) * (t - a) / (b - a)
 
 
-def predicted_speedups(row: dict, ms: dict, k: int) -> tuple[float, float] | None:
+def predicted_speedups(row: dict, ms: dict, k: int, t1: float | None = None) -> tuple[float, float] | None:
     """MTP's speed over plain decoding predicted by the graph runs alone, and with a head that cost nothing: a
     plain token costs a one-token base run (t1); MTP's tokens cost the base runs this row made, each at its
-    own length (a lookup step's up to 2k + 1), plus a head run for each step the head drafted. Rows of an
-    older bench, which did not record the runs: every step a verify of k + 1 and a head run, tau x t1 / (verify
-    + head)."""
-    t1, head = ms["base T=1"], ms.get(f"head k={k}")
+    own length (a lookup step's up to 2k + 1), plus a head run for each step the head drafted.
+    t1: the task's own one-token run (its plain decoding's time a token after the prefill, in the same run),
+    where it differs from the profile's median over every task: after a long prompt (a summary's 100-400
+    tokens) every run reads a longer cache. A run over T tokens then costs t1 plus the profile's extra for
+    T - 1 more tokens (its T-token median minus its one-token median). Rows of an older bench, which did not
+    record the runs: every step a verify of k + 1 and a head run, tau x t1 / (verify + head), at the medians."""
+    head, median = ms.get(f"head k={k}"), ms["base T=1"]
     if "base_runs_by_length" not in row:
         verify = ms.get(f"base T={k + 1}")
-        return None if verify is None or head is None else (row["tau"] * t1 / (verify + head), row["tau"] * t1 / verify)
+        return None if verify is None or head is None else (row["tau"] * median / (verify + head), row["tau"] * median / verify)
+    t1 = t1 or median
     costs = [(n, base_ms(ms, int(t))) for t, n in row["base_runs_by_length"].items()]
     if head is None or any(c is None for _, c in costs):
         return None
-    base = sum(n * c for n, c in costs)
+    base = sum(n * (t1 + c - median) for n, c in costs)
     return row["tokens"] * t1 / (base + row["draft_runs"] * head), row["tokens"] * t1 / base
+
+
+def own_t1(data: dict, runtime: str, task: str) -> float | None:
+    """The task's one-token base run on runtime: its plain decoding's ms a token after the prefill (None in a
+    bench that did not record it)."""
+    ar = next((r for r in data["results"] if (r["runtime"], r["task"], r["mode"]) == (runtime, task, "ar")), None)
+    return 1000 / ar["decode_tokens_per_s"] if ar and ar.get("decode_tokens_per_s") else None
 
 
 def profile_table(data: dict, runtime: str) -> str:
@@ -213,7 +224,7 @@ def profile_table(data: dict, runtime: str) -> str:
         cells = []
         for task in tasks:
             r = next(r for r in results if (r["task"], r["k"]) == (task, k))
-            pred = predicted_speedups(r, ms, k)
+            pred = predicted_speedups(r, ms, k, own_t1(data, runtime, task))
             cells.append(f"{r['tau']:.2f}, {r.get('decode_speedup_vs_ar', r['speedup_vs_ar']):.2f}x / "
                          + (f"{pred[0]:.2f}x / {pred[1]:.2f}x" if pred else "- / -"))
         lines.append(f"| {k} | {tv:.2f} ({tv / t1:.2f}x) | {th:.2f} ({th / t1:.2f}x) | {tv + th:.2f} | "
@@ -230,7 +241,9 @@ def profile_table(data: dict, runtime: str) -> str:
                      + (f"; drafter {nodes['drafter']}" if "drafter" in nodes else "") + ".")
     if results and "base_runs_by_length" in results[0]:
         notes.append("The two predictions take the base runs each mode made at their own lengths (prompt lookup's "
-                     "steps verify up to 2k + 1 tokens and run no head; a length the profile lacks is interpolated).")
+                     "steps verify up to 2k + 1 tokens and run no head; a length the profile lacks is interpolated), each run "
+                     "costing the task's own one-token run (its plain decoding's time a token after the prefill: after a "
+                     "long prompt every run reads a longer cache) plus the profile's extra for its further tokens.")
     elif data.get("lookup"):
         notes.append("The two predictions assume every step verifies k + 1 tokens after a head run; with prompt lookup "
                      "first a step it drafted verifies up to 2k + 1 and runs no head, so they overstate where lookup "
