@@ -7,14 +7,14 @@ prompts of its card (12 a task, 48 new tokens), teacher-forced on the base's own
 2. Tokens decided per base pass at k, decoding emulated step by step on the same answers (k drafts, the
    longest matching prefix accepted, one token more; the head drafts at the first step only where the
    prompt's last token is the base's own choice, as the loop does), for the head's chain, for prompt
-   lookup's span, and for the two combined. For the head it equals the tau that decoding itself measures
-   (checked on these prompts, 2026-12-05: the same to 0.01 on every task).
+   lookup alone, for lookup first and the head elsewhere (what `decode` does by default), and for the
+   better of the two at each step (a bound on any rule choosing between them).
 
-Prompt lookup drafts the up to k tokens that followed the latest earlier occurrence of the text's last two
-tokens (else of its last token) in the prompt and answer so far. The head's chain is teacher-forced: its
-j-th draft reads the true token j, which equals its own draft wherever acceptance still counts. Features
-come from left-padded batches: equal to decoding's up to float rounding. docs/results.md reports it. Run
-from the repository root:
+Prompt lookup is the loop's own (builder/decode/loop.py's `prompt_lookup`: the tokens that followed the
+latest earlier occurrence of the text's last three tokens, up to LOOKUP_SPAN x k). The head's chain is
+teacher-forced: its j-th draft reads the true token j, which equals its own draft wherever acceptance
+still counts. Features come from left-padded batches: equal to decoding's up to float rounding.
+docs/results.md reports it. Run from the repository root:
 
     python bench/heads/first_draft.py [--head models/mtp] [--base models/base] [--k 4]
 """
@@ -25,21 +25,12 @@ import torch.nn.functional as F
 
 from builder.data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
 from builder.data.tasks import encode_prompt, load_tokenizer
+from builder.decode.loop import LOOKUP_SPAN, prompt_lookup
 from builder.models.head import load_head
 from builder.models.llama import load_llama
 from builder.train.distill import greedy_continuations
 
 BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 1.01))
-
-
-def lookup(seq: list[int], end: int, k: int) -> tuple[list[int], int]:
-    """Prompt lookup's drafts after seq[:end + 1]: the up to k tokens after the latest earlier occurrence
-    of seq[end - 1:end + 1], else of seq[end], within seq[:end + 1]; and the n-gram length matched (0: none)."""
-    for n in (2, 1):
-        for i in range(end - 1, n - 2, -1):
-            if seq[i - n + 1:i + 1] == seq[end - n + 1:end + 1]:
-                return seq[i + 1:min(i + 1 + k, end + 1)], n
-    return [], 0
 
 
 @torch.no_grad()
@@ -75,27 +66,27 @@ def first_draft_rows(ans: list[dict]) -> list[tuple[float, bool, bool, bool | No
     for a in ans:
         plen, seq, prompt = a["plen"], a["seq"], set(a["seq"][:a["plen"]])
         for r, t in enumerate(range(plen + 1, len(seq))):        # anchor t - 2 = plen - 2 + (r + 1)
-            found, _ = lookup(seq, t - 1, 1)
+            found = prompt_lookup(seq[:t], 1)
             rows.append((a["sure"][r], a["chains"][r + 1][0] == seq[t], seq[t] in prompt,
                          found[0] == seq[t] if found else None))
     return rows
 
 
 def emulated_tau(ans: list[dict], k: int, source: str, limit: int) -> float:
-    """tau of decoding each answer with the draft source: "head", "lookup", "bigram-else-head" (lookup's
-    span where the last two tokens occurred before, else the head's chain) or "better" (the one of the two
-    that is accepted further: the bound of any rule choosing between them)."""
+    """tau of decoding each answer with the draft source: "head", "lookup" (prompt lookup alone),
+    "lookup-else-head" (lookup's drafts where it has any, else the head's chain: `decode`'s default) or
+    "better" (the one of the two that is accepted further: the bound of any rule choosing between them)."""
     taus = []
     for a in ans:
         plen, seq = a["plen"], a["seq"]
         new, g = len(seq) - plen, 0                             # g new tokens decided
         while g < new:
-            k_step = min(k, limit - g - 1)                      # anchor plen - 2 + g; token plen - 1 + g known
-            truth = seq[plen + g:plen + g + k_step]
-            span, n = lookup(seq, plen + g - 1, k_step)
-            chain = a["chains"][g][:k_step] if g or a["first"] else []
-            options = {"head": [chain], "lookup": [span], "bigram-else-head": [span if n == 2 else chain],
+            left = limit - g - 1                                # anchor plen - 2 + g; token plen - 1 + g known
+            span = prompt_lookup(seq[:plen + g], min(LOOKUP_SPAN * k, left)) if min(k, left) > 0 else []
+            chain = a["chains"][g][:min(k, left)] if g or a["first"] else []
+            options = {"head": [chain], "lookup": [span], "lookup-else-head": [span or chain],
                        "better": [chain, span]}[source]
+            truth = seq[plen + g:plen + g + max(map(len, options))]
             accepted = max(next((i for i, (d, t) in enumerate(zip(o, truth)) if d != t), min(len(o), len(truth)))
                            for o in options)
             taus.append(accepted + 1)
@@ -131,15 +122,15 @@ def main() -> None:
                      f"{share(drafted, rows)}, {sum(r[3] for r in drafted) / max(1, len(drafted)):.0%} | "
                      f"{share([r for r in drafted if r[3] and not r[1]], rows)} |")
         taus.append(f"| {task} | " + " | ".join(f"{emulated_tau(ans, args.k, s, args.new_tokens):.2f}" for s in
-                                                 ("head", "lookup", "bigram-else-head", "better")) + " |")
+                                                 ("head", "lookup", "lookup-else-head", "better")) + " |")
     print("First drafts\n\n| task | tokens | first draft right | " + " | ".join(
         f"p in [{lo:.1f}, {min(hi, 1):.1f}{']' if hi > 1 else ')'}: share, right" for lo, hi in BINS)
         + " | p >= 0.8, in the prompt: share, right | p >= 0.8, not in it: right | prompt lookup: drafts, right "
         "| head wrong, lookup right (of all) |")
     print("| --- " * (7 + len(BINS)) + "|")
     print("\n".join(first))
-    print(f"\nTokens per base pass at k = {args.k}, decoding emulated\n\n| task | head | prompt lookup | lookup where the last two tokens "
-          "occurred, else the head | the better of the two at each step (a bound) |\n| --- | --- | --- | --- | --- |")
+    print(f"\nTokens per base pass at k = {args.k}, decoding emulated\n\n| task | head | prompt lookup | prompt lookup, else the head "
+          "(decode's default) | the better of the two at each step (a bound) |\n| --- | --- | --- | --- | --- |")
     print("\n".join(taus))
 
 
