@@ -87,6 +87,19 @@ def test_build_copies_only_what_the_page_needs(site):
     assert "http://" not in html and "https://" not in html and 'src="/' not in html, "paths must be relative"
 
 
+def test_every_task_has_example_texts_on_the_page(site):
+    """Every task some model offers has example texts (web/examples.json), and the built page lists those of each
+    task its model offers, each list holding its task's texts."""
+    from builder.data.tasks import ALL_TASKS
+
+    examples = json.loads((ROOT / "web" / "examples.json").read_text())["examples"]
+    assert {t for t in ALL_TASKS if not any(text.strip() for text in examples.get(t, []))} == set(), "tasks without examples"
+    html = (site / "index.html").read_text()
+    for task in json.loads((site / "models" / "manifest.json").read_text())["tasks"]:
+        listed = re.search(rf'<div class="example-list" data-task="{task}"[^>]*>(.*?)</div>', html, re.S)
+        assert listed and listed.group(1).count('class="example"') == len(examples[task]), task
+
+
 def test_each_weights_file_is_fetched_once_and_shared_by_the_graphs_that_read_it(browser, url, site):
     """MTP at two k (two head graphs reading the base's weights), the drafter and plain decoding in one page:
     every file is fetched once, and only the files of the graphs that ran."""
