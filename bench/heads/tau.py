@@ -4,9 +4,12 @@ prompts: decode itself (builder/decode/loop.py, torch), every output checked aga
 Sources: the head alone, prompt lookup first and the head elsewhere (what `generate` and the page do by
 default), and the same two for the drafter. The prompts are the held-back prompts of the head's card
 (corpus.validation_prompts over the installed Debian documentation); their sha256 is printed, because another
-version of that documentation gives other prompts. docs/results.md reports it. Run from the repository root:
+version of that documentation gives other prompts. `--chat-messages N` measures reply on N real short messages
+instead (`chat_messages`): the corpus's reply prompts are documentation sentences, which the base often repeats
+back. docs/results.md reports it. Run from the repository root:
 
     python bench/heads/tau.py [--prompts 12] [--k 4] [--new-tokens 48] [--drafter] [--lookup both|yes|no]
+                              [--chat-messages 48]
 """
 import argparse
 
@@ -21,6 +24,25 @@ from builder.models.llama import load_llama
 from builder.train.distill import measure_acceptance
 
 
+def chat_messages(n: int) -> list[dict]:
+    """n reply prompts that are real messages: the distinct first turns of 4 words or more in the English dialogs of
+    the chatterbot-corpus package (PyPI, BSD-3; never trained on), in file order, every len // n-th."""
+    try:
+        from importlib.resources import files
+
+        import yaml
+        english = files("chatterbot_corpus") / "data" / "english"
+    except ModuleNotFoundError as e:
+        raise SystemExit(f"--chat-messages needs {e.name}: pip install --no-deps chatterbot-corpus pyyaml")
+    messages = []
+    for f in sorted((f for f in english.iterdir() if f.name.endswith(".yml")), key=lambda f: f.name):
+        for turns in yaml.safe_load(f.read_text(encoding="utf-8")).get("conversations", []):
+            for m in turns[:-1]:  # a turn that gets an answer
+                if isinstance(m, str) and len(m.split()) >= 4 and m.strip() not in messages:
+                    messages.append(m.strip())
+    return [{"task": "reply", "prompt": m} for m in messages[::max(1, len(messages) // n)][:n]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="models/base")
@@ -30,10 +52,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--k", default="4", help="comma-separated")
     ap.add_argument("--lookup", choices=("both", "yes", "no"), default="both", help="with prompt lookup first, without, or both")
+    ap.add_argument("--chat-messages", type=int, help="instead: reply on this many chatterbot-corpus messages")
     args = ap.parse_args()
     base, tok = load_llama(args.base), load_tokenizer(args.base)
-    prompts = validation_prompts(load_corpus(HEAD_SOURCES), args.prompts, tasks=tuple(tok.tasks))
-    print(f"{args.prompts} prompts a task, {args.new_tokens} new tokens; prompts sha256 {prompts_digest(prompts)}; "
+    if args.chat_messages:
+        prompts, what = chat_messages(args.chat_messages), f"{args.chat_messages} chatterbot-corpus messages (reply)"
+    else:
+        prompts = validation_prompts(load_corpus(HEAD_SOURCES), args.prompts, tasks=tuple(tok.tasks))
+        what = f"{args.prompts} prompts a task"
+    print(f"{what}, {args.new_tokens} new tokens; prompts sha256 {prompts_digest(prompts)}; "
           f"prompt lookup drafts up to {LOOKUP_SPAN} x k")
     ks = [int(k) for k in args.k.split(",")]
     sources = {"head": {"head": load_head(args.head, base).float().eval()}}
@@ -45,7 +72,7 @@ def main() -> None:
         for lookup in {"both": (False, True), "yes": (True,), "no": (False,)}[args.lookup]:
             with torch.no_grad():
                 table = measure_acceptance(base, tok, prompts, ks, args.new_tokens, lookup=lookup, **source)
-            for task in tok.tasks:
+            for task in [t for t in tok.tasks if any(p["task"] == t for p in prompts)]:
                 rows = [table[f"{task}/k={k}"] for k in ks]
                 print(f"| {task} | {name} | {'yes' if lookup else 'no'} | " + " | ".join(f"{r['tau']:.2f}" for r in rows)
                       + f" | {sum(r['mismatches'] for r in rows)} |", flush=True)
