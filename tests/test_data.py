@@ -159,3 +159,29 @@ def test_summarize_prompt_format(tokenizer, tmp_path):
     tok.tasks = prompt_formats(tok, None)
     ids = encode_prompt(tok, "summarize", "A passage.")
     assert ids[0] == tok.token_to_id("<|summarize|>") and ids[-1] == tok.token_to_id("<|summary|>")
+
+
+def test_real_messages_are_split_into_held_back_and_training():
+    """data/messages.py: the 48 held-back messages are the ones results.md's reply-on-messages numbers were measured
+    on (their digest), and training never draws one of them; a base without a reply task gets a clear error."""
+    from builder.data.corpus import Corpus, prompts_digest
+    from builder.data.messages import held_back, messages, training_messages
+    from builder.data.tasks import load_tokenizer
+    from builder.errors import CheckpointError
+    from builder.train.distill import training_prompts
+
+    held, train = held_back(), training_messages()
+    assert len(held) == len(set(held)) == 48 and all(len(m.split()) >= 4 for m in held)
+    assert not set(held) & set(train) and len(held) + len(train) == len(messages()) > 1000
+    assert prompts_digest([{"task": "reply", "prompt": m} for m in held]) == "85629800c90f9b4e"
+    assert held_back(5) == held[:5]
+
+    tok = load_tokenizer("models/base")  # SmolLM2's: it offers reply
+    none = Corpus(train=[], validation=[], files=(0, 0), train_sections=[], validation_sections=[])
+    prompts = training_prompts(tok, none, 0, seed=3, chat=20)
+    encoded = {tuple(encode_prompt(tok, "reply", m)): m for m in messages()}
+    drawn = [encoded[tuple(p)] for p in prompts]  # every prompt is a message in the reply format
+    assert len(set(drawn)) == 20 and not set(drawn) & set(held)
+    assert prompts == training_prompts(tok, none, 0, seed=3, chat=20) != training_prompts(tok, none, 0, seed=4, chat=20)
+    with pytest.raises(CheckpointError, match="no reply task"):
+        training_prompts(load_tokenizer("models/inhouse/base"), none, 0, seed=3, chat=1)

@@ -5,8 +5,8 @@ Sources: the head alone, prompt lookup first and the head elsewhere (what `gener
 default), and the same two for the drafter. The prompts are the held-back prompts of the head's card
 (corpus.validation_prompts over the installed Debian documentation); their sha256 is printed, because another
 version of that documentation gives other prompts. `--chat-messages N` measures reply on N real short messages
-instead (`chat_messages`): the corpus's reply prompts are documentation sentences, which the base often repeats
-back. docs/results.md reports it. Run from the repository root:
+instead (the first N of data/messages.py's 48 held back): the corpus's reply prompts are documentation sentences,
+which the base often repeats back. docs/results.md reports it. Run from the repository root:
 
     python bench/heads/tau.py [--prompts 12] [--k 4] [--new-tokens 48] [--drafter] [--lookup both|yes|no]
                               [--chat-messages 48]
@@ -16,31 +16,13 @@ import argparse
 import torch
 
 from builder.data.corpus import HEAD_SOURCES, load_corpus, prompts_digest, validation_prompts
+from builder.data.messages import HELD_BACK, held_back
 from builder.data.tasks import load_tokenizer
 from builder.decode.drafter import load_drafter, torch_drafter
 from builder.decode.loop import LOOKUP_SPAN
 from builder.models.head import load_head
 from builder.models.llama import load_llama
 from builder.train.distill import measure_acceptance
-
-
-def chat_messages(n: int) -> list[dict]:
-    """n reply prompts that are real messages: the distinct first turns of 4 words or more in the English dialogs of
-    the chatterbot-corpus package (PyPI, BSD-3; never trained on), in file order, every len // n-th."""
-    try:
-        from importlib.resources import files
-
-        import yaml
-        english = files("chatterbot_corpus") / "data" / "english"
-    except ModuleNotFoundError as e:
-        raise SystemExit(f"--chat-messages needs {e.name}: pip install --no-deps chatterbot-corpus pyyaml")
-    messages = []
-    for f in sorted((f for f in english.iterdir() if f.name.endswith(".yml")), key=lambda f: f.name):
-        for turns in yaml.safe_load(f.read_text(encoding="utf-8")).get("conversations", []):
-            for m in turns[:-1]:  # a turn that gets an answer
-                if isinstance(m, str) and len(m.split()) >= 4 and m.strip() not in messages:
-                    messages.append(m.strip())
-    return [{"task": "reply", "prompt": m} for m in messages[::max(1, len(messages) // n)][:n]]
 
 
 def main() -> None:
@@ -52,11 +34,13 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--k", default="4", help="comma-separated")
     ap.add_argument("--lookup", choices=("both", "yes", "no"), default="both", help="with prompt lookup first, without, or both")
-    ap.add_argument("--chat-messages", type=int, help="instead: reply on this many chatterbot-corpus messages")
+    ap.add_argument("--chat-messages", type=int, choices=range(1, HELD_BACK + 1), metavar=f"1..{HELD_BACK}",
+                    help="instead: reply on this many held-back chatterbot-corpus messages")
     args = ap.parse_args()
     base, tok = load_llama(args.base), load_tokenizer(args.base)
     if args.chat_messages:
-        prompts, what = chat_messages(args.chat_messages), f"{args.chat_messages} chatterbot-corpus messages (reply)"
+        prompts = [{"task": "reply", "prompt": m} for m in held_back(args.chat_messages)]
+        what = f"{args.chat_messages} held-back chatterbot-corpus messages (reply)"
     else:
         prompts = validation_prompts(load_corpus(HEAD_SOURCES), args.prompts, tasks=tuple(tok.tasks))
         what = f"{args.prompts} prompts a task"

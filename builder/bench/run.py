@@ -4,7 +4,8 @@ Runtimes: `torch` (the PyTorch modules), `onnx-cpu` (the exported graphs with on
 `browser-wasm`, `browser-wasm-1thread` and `browser-webgpu` (the built site in headless Chromium, through
 window.frozenMTP; browser-wasm with the WASM threads the page picks, browser-wasm-1thread with one).
 For every runtime: a warm-up, then `repeats` rounds; each round runs every (task, mode, k) over the same
-validation prompts, interleaved, so that drift in the machine's speed touches every mode alike.
+validation prompts (reply: held-back real messages, data/messages.py), interleaved, so that drift in the
+machine's speed touches every mode alike.
 tokens/s = new tokens / decode seconds over all prompts of a round; the table gives the median round
 and the spread (min-max) over rounds. "decode_tokens_per_s" leaves out the prefill (the base reading the
 prompt: the same pass in every mode, and most of a summary's time at these lengths): new tokens / seconds
@@ -447,6 +448,7 @@ def graph_nodes(onnx_dir: Path) -> dict:
 
 def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) -> dict:
     from ..data.corpus import load_corpus, validation_prompts
+    from ..data.messages import held_back
     from ..data.tasks import encode_prompt, load_tokenizer
     from ..decode.torch_backend import decode_ar
     from ..models.head import read_head_config
@@ -461,7 +463,10 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
     every_k = tuple(range(1, read_head_config(ckpts.head).k_train + 1))
     cfg = replace(cfg, plans={rt: replace(p, ks=p.ks or every_k) for rt, p in cfg.plans.items()})
     tasks = tuple(t for t in ALL_TASKS if t in tok.tasks)
-    corpus_prompts = validation_prompts(load_corpus(), max(p.prompts for p in cfg.plans.values()), tasks=tasks)
+    n = max(p.prompts for p in cfg.plans.values())
+    corpus_prompts = validation_prompts(load_corpus(), n, tasks=tasks)
+    if "reply" in tasks:  # real short messages (data/messages.py), not documentation sentences the base repeats back
+        corpus_prompts = [p for p in corpus_prompts if p["task"] != "reply"] + [{"task": "reply", "prompt": m} for m in held_back(n)]
     prompts = {t: [(encode_prompt(tok, t, p["prompt"]), p["prompt"]) for p in corpus_prompts if p["task"] == t]
                for t in tasks}
     refs = {}

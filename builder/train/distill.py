@@ -23,7 +23,9 @@ import torch
 from tqdm import tqdm
 
 from ..data.corpus import Corpus, proofread_pairs, summary_pairs
+from ..data.messages import training_messages
 from ..data.tasks import encode_prompt, encode_text
+from ..errors import CheckpointError
 from ..decode.loop import acceptance, compare_to_reference, decode
 from ..decode.torch_backend import TorchBackend, decode_ar
 from ..models.llama import Llama, apply_rope, rope_cos_sin
@@ -31,9 +33,11 @@ from ..models.llama import Llama, apply_rope, rope_cos_sin
 logger = logging.getLogger(__name__)
 
 
-def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str, int] | None = None) -> list[list[int]]:
+def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str, int] | None = None,
+                     chat: int = 0) -> list[list[int]]:
     """Prompt ids of every task from the training split: continue prefixes of 4-40 tokens, proofread
-    sentences with typos, summarize passages (n of each, or per_task[task], or as many as there are)."""
+    sentences with typos, summarize passages (n of each, or per_task[task], or as many as there are); and
+    `chat` more reply prompts that are real messages (messages.training_messages)."""
     rng = random.Random(seed)
     prompts = []
     count = lambda task, pool: min((per_task or {}).get(task, n), len(pool))  # noqa: E731
@@ -52,6 +56,11 @@ def training_prompts(tok, corpus: Corpus, n: int, seed: int, per_task: dict[str,
     if "reply" in tok.tasks:  # a paragraph as the message to answer
         for text in rng.sample(corpus.train, count("reply", corpus.train)):
             prompts.append(encode_prompt(tok, "reply", " ".join(text.split()[:80])))
+    if chat:
+        if "reply" not in tok.tasks:
+            raise CheckpointError("--chat-messages: this base offers no reply task")
+        pool = training_messages()
+        prompts += [encode_prompt(tok, "reply", m) for m in rng.sample(pool, min(chat, len(pool)))]
     return prompts
 
 
@@ -186,6 +195,14 @@ def prompts_line(log: dict) -> str:
         f"\nThe prompts: {log['train_config']['eval_prompts']} a task from the corpus's validation files, sha256 of their "
         f"(task, prompt) pairs `{digest}`; `python bench/heads/tau.py --prompts {log['train_config']['eval_prompts']}` "
         "prints it for the installed documentation (another version of it gives other prompts).")
+
+
+def messages_line(log: dict) -> str:
+    """A card's sentence on its "reply (messages)" rows (none for a head never trained on real messages)."""
+    digest = log.get("acceptance_messages_sha256")
+    return "" if not digest else (
+        f"\n\"reply (messages)\": the {next(iter(log['acceptance_messages'].values()))['prompts']} held-back real messages of "
+        f"data/messages.py (sha256 `{digest}`; `python bench/heads/tau.py --chat-messages 48`).")
 
 
 def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, lookup: bool = False,

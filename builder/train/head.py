@@ -33,11 +33,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..data.corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, prompts_digest, validation_prompts
+from ..data.messages import held_back
 from ..data.tasks import TASKS, load_tokenizer
 from ..errors import CheckpointError
 from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from ..models.llama import Llama, load_llama
-from .distill import distilled, each_once, greedy_continuations, make_batches, measure_acceptance, prompts_line, training_prompts
+from .distill import (distilled, each_once, greedy_continuations, make_batches, measure_acceptance, messages_line,
+                      prompts_line, training_prompts)
 from .loop import RunState, Run, Schedule, sequential, train
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class HeadTrainConfig:
     kv_layer: int | None = None   # the base layer whose KV cache the head reads; None: the one with the
                                   # strongest induction head (mtp.induction_scores), where copying lives
     task_prompts: dict[str, int] | None = None  # prompts of these tasks instead of prompts_per_task
+    chat_messages: int = 0        # more reply prompts that are real short messages (data/messages.py)
     init: str | None = None       # a head (directory) trained for this base to go on from: a second stage
                                   # on more data; its architecture and base layer are kept
     layers: int | None = None     # the head's decoder layers (default 1); with init, more than it has adds
@@ -218,7 +221,8 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                                                        num_layers=cfg.layers or 1, draft_vocab=cfg.draft_vocab))
         init_random(head, cfg.seed)
     t0 = time.time()
-    parts = [(training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts), cfg.new_tokens)]
+    parts = [(training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts, cfg.chat_messages),
+              cfg.new_tokens)]
     if cfg.replay:  # the earlier stages' prompts first, as they were drawn
         parts = [(stage_prompts(tok, corpus, st), st["train_config"]["new_tokens"]) for st in replayed_stages(cfg.init)] + parts
     prompts = [p for ps, _ in parts for p in ps]
@@ -318,6 +322,10 @@ def train_and_report(base_dir: Path, out: Path, cfg: HeadTrainConfig, data: Path
     prompts = validation_prompts(corpus, min(cfg.eval_prompts, len(corpus.validation)), tasks=tuple(tok.tasks))
     log["acceptance"] = measure_acceptance(base, tok, prompts, range(1, head.config.k_train + 1), head=head)
     log["acceptance_prompts_sha256"] = prompts_digest(prompts)
+    if any(st["train_config"].get("chat_messages") for st in training_stages(log)):  # reply on real messages too
+        chat = [{"task": "reply", "prompt": m} for m in held_back()]
+        log["acceptance_messages"] = measure_acceptance(base, tok, chat, range(1, head.config.k_train + 1), head=head)
+        log["acceptance_messages_sha256"] = prompts_digest(chat)
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_card(out, log, head.config)
     shutil.rmtree(checkpoint, ignore_errors=True)  # the head is saved: nothing left to resume
@@ -329,7 +337,7 @@ def stage_command(log: dict) -> str:
     t, d = log["train_config"], asdict(HeadTrainConfig())
     flags = {"seed": "--seed", "steps": "--steps", "prompts_per_task": "--prompts-per-task", "batch_size": "--batch-size",
              "lr": "--lr", "targets": "--targets", "kv_layer": "--kv-layer", "init": "--init", "layers": "--layers"}
-    flags["draft_vocab"] = "--draft-vocab"
+    flags.update(draft_vocab="--draft-vocab", chat_messages="--chat-messages")
     parts = [f"{flag} {t[key]}" for key, flag in flags.items() if t.get(key, d[key]) != d[key]]
     if t.get("cache_features"):
         parts.append("--cache-features")
@@ -364,6 +372,8 @@ def stage_text(log: dict) -> str:
     if t.get("init") and added > 0:
         start += (f" with {added} decoder layer{'s' if added > 1 else ''} added after its own (starting as the"
                   " identity: output projections zero)")
+    if t.get("chat_messages"):
+        prompts += f", and {t['chat_messages']} `reply` prompts that are real short messages (data/messages.py)"
     if t.get("replay"):
         prompts += ", and again every earlier stage's prompts (`--replay`)"
     return f"""{prompts}; the base wrote its own greedy continuation of each
@@ -376,7 +386,7 @@ predict {target} at each of the {t['k']} draft positions of every anchor, its ow
 def stage_prompts(tok, corpus: Corpus, stage: dict) -> list[list[int]]:
     """The prompts one training stage drew (its own, not those it replayed), from its log."""
     t = stage["train_config"]
-    return training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"))
+    return training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"), t.get("chat_messages", 0))
 
 
 def replayed_stages(init: str | None) -> list[dict]:
@@ -397,9 +407,10 @@ def training_stages(log: dict) -> list[dict]:
 
 def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
     acc = log["acceptance"]
+    messages = {f"messages/{key}": {**r, "task": "reply (messages)"} for key, r in log.get("acceptance_messages", {}).items()}
     rows = "\n".join(
         f"| {r['task']} | {r['k']} | {r['tau']:.2f} | " + " ".join(f"{a:.2f}" for a in r["accept_by_position"])
-        + f" | {r['prompts']} | {r['mismatches']} | {r['near_ties']} |" for r in acc.values())
+        + f" | {r['prompts']} | {r['mismatches']} | {r['near_ties']} |" for r in {**acc, **messages}.values())
     t = log["train_config"]
     base = log.get("base", "models/base")
     scores = log.get("induction_scores")
@@ -442,7 +453,7 @@ The base's parameters never required gradients and were checked bit-for-bit unch
 tau = mean over decode steps of (accepted drafts + 1): tokens decided per base pass. Acceptance by
 position i = share of steps whose i-th draft was accepted. Greedy, up to 48 new tokens; "mismatches"
 counts outputs that differ from plain greedy decoding (must be 0); "near-ties" those whose first
-difference is at a near-tie of the base (top-1/top-2 margin < 1e-3, CONTRACT.md's excused case).{prompts_line(log)}
+difference is at a near-tie of the base (top-1/top-2 margin < 1e-3, CONTRACT.md's excused case).{prompts_line(log)}{messages_line(log)}
 
 | task | k | tau | acceptance by position | prompts | mismatches | near-ties |
 | --- | --- | --- | --- | --- | --- | --- |
