@@ -25,7 +25,7 @@ def messages() -> tuple[str, ...]:
         english = files("chatterbot_corpus") / "data" / "english"
     except ModuleNotFoundError as e:
         raise CheckpointError(f"real messages come from the chatterbot-corpus package, and {e.name} is missing: "
-                              "pip install --no-deps chatterbot-corpus pyyaml") from e
+                              "bash .ci/setup, or pip install chatterbot-corpus pyyaml (dependencies in pyproject.toml)") from e
     out: dict[str, None] = {}
     for f in sorted((f for f in english.iterdir() if f.name.endswith(".yml")), key=lambda f: f.name):
         for turns in yaml.safe_load(f.read_text(encoding="utf-8")).get("conversations", []):

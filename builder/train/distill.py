@@ -25,9 +25,9 @@ from tqdm import tqdm
 from ..data.corpus import Corpus, proofread_pairs, summary_pairs
 from ..data.messages import training_messages
 from ..data.tasks import encode_prompt, encode_text
-from ..errors import CheckpointError
 from ..decode.loop import acceptance, compare_to_reference, decode
 from ..decode.torch_backend import TorchBackend, decode_ar
+from ..errors import CheckpointError
 from ..models.llama import Llama, apply_rope, rope_cos_sin
 
 logger = logging.getLogger(__name__)
