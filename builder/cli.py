@@ -144,7 +144,8 @@ def build_parser() -> Parser:
     h.add_argument("--restart", action="store_true", help="discard a checkpoint in HEAD/checkpoint/ and start over")
     h.add_argument("--lr", type=float, help="peak learning rate (default 0.0015)")
     h.add_argument("--draft-vocab", type=positive_int, help="a reduced draft vocabulary: the base's N most used "
-                                                            "tokens in the distilled data (default: its whole vocabulary)")
+                                                            "tokens in the distilled data (default: its whole vocabulary); "
+                                                            "with --init, the N of its head's tokens used most")
     h.add_argument("--cache-features", action="store_true", help="keep the base's hidden states and read layer's "
                                                                  "keys/values from its distillation (build/distill/), not "
                                                                  "run it at every step (a big base)")

@@ -219,7 +219,8 @@ def test_a_stage_can_replay_the_stages_before_it(corpus, tmp_path, monkeypatch):
 def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
     """--cache-features trains as the base run at every step does (its features kept in fp16: the same
     loss to fp16's precision), from parts a second run reads back; --draft-vocab N drafts only the base's
-    N most used tokens, and MTP with such a head still writes the base's own tokens."""
+    N most used tokens (and a later stage's --draft-vocab the most used of those), and MTP with such a head
+    still writes the base's own tokens."""
     import builder.train.head as th
 
     tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
@@ -238,6 +239,17 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
     data = th.distilled(tiny, base_fingerprint(tiny), th.training_prompts(tok, small, 8, 0), 8)
     counts = torch.bincount(torch.tensor([t for _, s in data for t in s]), minlength=tiny.config.vocab_size)
     assert counts[cached.d2t].min() >= counts[[i for i in range(len(counts)) if i not in set(cached.d2t.tolist())]].max()
+    # a stage from it with --draft-vocab 32 keeps the 32 of its tokens used most, and its weights at lr 0
+    save_head(cached, tmp_path / "v64")
+    stage = dict(cfg.__dict__, steps=1, lr=0.0, init=str(tmp_path / "v64"), cache_features=True)
+    smaller, _ = train_head(tiny, tok, small, HeadTrainConfig(**{**stage, "draft_vocab": 32}))
+    assert smaller.config.draft_vocab == len(smaller.d2t) == 32 and set(smaller.d2t.tolist()) <= set(cached.d2t.tolist())
+    assert counts[smaller.d2t].min() >= counts[[t for t in cached.d2t.tolist() if t not in set(smaller.d2t.tolist())]].max()
+    assert all(torch.equal(t, smaller.state_dict()[n]) for n, t in cached.state_dict().items() if n != "d2t")
+    save_head(smaller, tmp_path / "v32")
+    assert load_head(tmp_path / "v32", tiny).d2t.tolist() == smaller.d2t.tolist()
+    with pytest.raises(CheckpointError, match="smaller, not larger"):
+        train_head(tiny, tok, small, HeadTrainConfig(**{**stage, "draft_vocab": 64}))
     eos = tiny.config.eos_token_id
     for p in validation_prompts_of(small, tok)[:4]:
         ref = decode(TorchBackend(tiny), p, 12, eos)

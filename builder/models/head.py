@@ -164,6 +164,14 @@ class MTPHead(nn.Module):
             return base.lm_head(hidden)
         return torch.nn.functional.linear(hidden, base.lm_head.weight[self.d2t])
 
+    def restrict_vocabulary(self, ids: torch.Tensor) -> None:
+        """Drafts only these token ids from now on (a smaller draft vocabulary than the head's, FR-Spec: fewer
+        LM-head rows scored a draft). The head's weights do not depend on the vocabulary: they are kept."""
+        if self.config.draft_vocab and not bool(torch.isin(ids, self.d2t).all()):
+            raise ValueError("a draft vocabulary can only shrink: these ids are not all in the head's")
+        self.config.draft_vocab = len(ids)
+        self.register_buffer("d2t", ids.sort().values.to(next(self.parameters()).device))
+
     def token_ids(self, index):
         """Token ids of draft-vocabulary indices (argmaxes of draft_logits)."""
         return self.d2t[index] if self.config.draft_vocab else index

@@ -68,7 +68,8 @@ class HeadTrainConfig:
     layers: int | None = None     # the head's decoder layers (default 1); with init, more than it has adds
                                   # layers that start as the identity (mtp.grow)
     draft_vocab: int = 0          # a reduced draft vocabulary: the base's N most used tokens in the
-                                  # distilled data (0: its whole vocabulary)
+                                  # distilled data (0: its whole vocabulary); with init, the N of the init
+                                  # head's tokens used most (a smaller draft vocabulary, fewer rows a draft)
     cache_features: bool = False  # keep the base's hidden states and the read layer's keys/values from its
                                   # distillation (build/distill/), instead of running it at every step: a big base
     replay: bool = False          # with init: train on every earlier stage's data too (each sequence once), not
@@ -141,12 +142,17 @@ class Objective(torch.nn.Module):
         return chain_loss(self.head, base, seqs, valid, k, counts, targets, feats)
 
 
-def draft_vocabulary(data, n: int) -> torch.Tensor:
+def draft_vocabulary(data, n: int, among: torch.Tensor | None = None) -> torch.Tensor:
     """The n tokens the base uses most in the distilled sequences (prompts, which answers copy from, and
-    its own continuations), in id order: FR-Spec's frequency-ranked draft vocabulary."""
+    its own continuations), in id order: FR-Spec's frequency-ranked draft vocabulary; with `among`, the n
+    of those ids used most (a head's vocabulary made smaller)."""
     counts = torch.zeros(max(max(s) for _, s in data) + 1, dtype=torch.long)
     for _, s in data:
         counts += torch.bincount(torch.tensor(s), minlength=len(counts))
+    if among is not None:
+        among = among.cpu()
+        counts = F.pad(counts, (0, max(0, int(among.max()) + 1 - len(counts))))[among]
+        return among[counts.topk(min(n, len(among))).indices].sort().values
     return counts.topk(min(n, len(counts))).indices.sort().values
 
 
@@ -216,6 +222,10 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                                   f"a stage can add layers, not remove them")
         if cfg.layers:
             head = grow(head, cfg.layers, cfg.seed)
+        if cfg.draft_vocab and cfg.draft_vocab >= (head.config.draft_vocab or base.config.vocab_size):
+            raise CheckpointError(f"--draft-vocab {cfg.draft_vocab}: the head in {cfg.init} drafts "
+                                  f"{head.config.draft_vocab or base.config.vocab_size:,} tokens; a stage can make "
+                                  f"its draft vocabulary smaller, not larger")
     else:
         head = MTPHead(head_cfg or HeadConfig.for_base(base.config, k_train=cfg.k, kv_layer=kv_layer,
                                                        num_layers=cfg.layers or 1, draft_vocab=cfg.draft_vocab))
@@ -235,6 +245,8 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     data_seconds = time.time() - t0
     if head.config.draft_vocab and not cfg.init:
         head.d2t.copy_(draft_vocabulary(data, head.config.draft_vocab))
+    elif cfg.init and cfg.draft_vocab:  # the init head's tokens this stage's data uses most
+        head.restrict_vocabulary(draft_vocabulary(data, cfg.draft_vocab, head.d2t if head.config.draft_vocab else None))
     head.to(device)
     model = Objective(head)
     if world > 1:
