@@ -310,8 +310,9 @@ def validation_prompts_of(corpus, tok):
 
 
 def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monkeypatch, caplog):
-    """Ctrl-C at step 5 saves the run; the same run again resumes there and ends with the weights of an
-    uninterrupted run. A run with other settings is refused, naming the checkpoint (loop.py's policy)."""
+    """Ctrl-C at step 5 saves the run; the same run again (its tau table on another number of prompts or
+    not) resumes there and ends with the weights of an uninterrupted run. A run with other training
+    settings is refused, naming the checkpoint (loop.py's policy)."""
     import logging
 
     import builder.train.head as th
@@ -336,7 +337,8 @@ def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monk
     monkeypatch.setattr(th, "chain_loss", real_loss)
     assert "saved the run after step 4" in caplog.text and (tmp_path / "state.pt").is_file()
 
-    resumed, log = train_head(tiny, tok, small, cfg, run_dir=tmp_path)
+    # another --eval-prompts (what the tau table measures, not what trains) resumes the same run
+    resumed, log = train_head(tiny, tok, small, HeadTrainConfig(**{**cfg.__dict__, "eval_prompts": 5}), run_dir=tmp_path)
     assert log["resumed_at_step"] == 4 and "resuming from" in caplog.text
     for name, t in straight.state_dict().items():
         assert torch.equal(t, resumed.state_dict()[name]), f"{name} differs from the uninterrupted run"

@@ -273,7 +273,10 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
         acc = [sum(s[j][0] for s in recent) / max(1, sum(s[j][1] for s in recent)) for j in range(cfg.k)]
         return {"acc1": f"{acc[0]:.2f}", "acck": f"{acc[-1]:.2f}"}
 
-    key = {"config": asdict(cfg), "base": before,  # what a resumed run must share
+    # what a resumed run must share: every setting but those that do not change the weights (a run stopped
+    # while its tau table was measured goes on with another --eval-prompts)
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("eval_prompts", "checkpoint_every")}
+    key = {"config": settings, "base": before,
            "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
            "init": hashlib.sha256((Path(cfg.init) / "model.safetensors").read_bytes()).hexdigest() if cfg.init else None}
     state = train(head, opt, step_loss, Schedule(cfg.lr, cfg.warmup), Run(run_dir if rank == 0 else None, key),
