@@ -352,7 +352,7 @@ def stage_command(log: dict) -> str:
     t, d = log["train_config"], asdict(HeadTrainConfig())
     flags = {"seed": "--seed", "steps": "--steps", "prompts_per_task": "--prompts-per-task", "batch_size": "--batch-size",
              "lr": "--lr", "targets": "--targets", "kv_layer": "--kv-layer", "init": "--init", "layers": "--layers"}
-    flags.update(draft_vocab="--draft-vocab", chat_messages="--chat-messages")
+    flags.update(draft_vocab="--draft-vocab", chat_messages="--chat-messages", eval_prompts="--eval-prompts")
     parts = [f"{flag} {t[key]}" for key, flag in flags.items() if t.get(key, d[key]) != d[key]]
     if t.get("cache_features"):
         parts.append("--cache-features")
