@@ -210,6 +210,8 @@ def test_a_stage_can_replay_the_stages_before_it(corpus, tmp_path, monkeypatch):
     assert "--chat-messages 5" in th.stage_command(chat) and "--chat-messages" not in th.stage_command(both)
     card = {**both, "train_config": {**both["train_config"], "eval_prompts": 12}}  # the card's own table: in its command
     assert "--eval-prompts 12" in th.stage_command(card) and "--eval-prompts" not in th.stage_command(both)
+    smaller = {**both, "train_config": {**both["train_config"], "draft_vocab": 32}, "data_seconds": 0, "train_seconds": 0}
+    assert "--draft-vocab 32" in th.stage_command(smaller) and "made smaller: the 32 of its tokens" in th.stage_text(smaller)
     assert "5 `reply` prompts that are real short messages" in th.stage_text(chat)
     with pytest.raises(CheckpointError, match="give --init"):
         train_head(tiny, tok, small, HeadTrainConfig(steps=1, replay=True, **cfg))

@@ -387,6 +387,9 @@ def stage_text(log: dict) -> str:
     if t.get("init") and added > 0:
         start += (f" with {added} decoder layer{'s' if added > 1 else ''} added after its own (starting as the"
                   " identity: output projections zero)")
+    if t.get("init") and t.get("draft_vocab"):
+        start += (f", its draft vocabulary made smaller: the {t['draft_vocab']:,} of its tokens this stage's data uses"
+                  " most")
     if t.get("chat_messages"):
         prompts += f", and {t['chat_messages']} `reply` prompts that are real short messages (data/messages.py)"
     if t.get("replay"):
