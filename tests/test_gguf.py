@@ -152,7 +152,7 @@ def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol):
     from builder.models.head import load_head
 
     head, drafter = load_head(ROOT / "models" / "mtp", smol), load_drafter(ROOT / "models" / "drafter", smol)
-    assert head.config.draft_vocab == 8192 and head.config.kv_layer == 18
+    assert head.config.draft_vocab == 6144 and head.config.kv_layer == 18
     assert drafter.model.embed_tokens.weight.shape[0] == smol.config.vocab_size
     base_storage = {q.untyped_storage().data_ptr() for q in smol.parameters()}
     assert not any(q.untyped_storage().data_ptr() in base_storage for q in drafter.parameters())
