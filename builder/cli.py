@@ -15,7 +15,7 @@ from pathlib import Path
 from .bench.run import PEERS, RUNTIMES
 from .data.tasks import ALL_TASKS, TASKS
 from .decode.drafter import DRAFTER_K_MAX
-from .decode.loop import DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES
+from .decode.loop import DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, DRAFT_CUT, MODES
 from .errors import PromptError, UserError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
@@ -31,6 +31,16 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
     return int(text)
+
+
+def draft_cut(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 (no cut) up to 1, got {text!r}")
+    return value
 
 
 def task_counts(text: str) -> dict[str, int]:
@@ -73,6 +83,10 @@ def build_parser() -> Parser:
                    help="speculative modes: prompt lookup first - where the text's last three tokens occurred before, "
                         "draft the tokens that followed them there (no model runs), elsewhere the mode's source "
                         f"(default {'on' if DEFAULT_LOOKUP else 'off'}, as the page's)")
+    g.add_argument("--draft-cut", type=draft_cut, default=0.0,
+                   help="speculative modes: verify only the drafts before the running product of the head's "
+                        "probabilities for them falls below this (0, the default: all; the page cuts on WASM, where "
+                        f"verifying more tokens costs more: {DRAFT_CUT['wasm']})")
     g.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS,
                    help="stop after this many new tokens; decoding also stops at the end-of-sequence token and "
                         "when the prompt and its new tokens fill the context window (JSON field `stopped`)")
@@ -262,13 +276,14 @@ def cmd_generate(args) -> None:
         jobs.append((p, ids))
     for p, prompt_ids in jobs:
         t0 = time.perf_counter()
-        out = decode(backend, prompt_ids, args.max_new_tokens, eos, k, lookup=args.lookup)
+        out = decode(backend, prompt_ids, args.max_new_tokens, eos, k, lookup=args.lookup, draft_cut=args.draft_cut)
         seconds = time.perf_counter() - t0
         text = decode_text(tok, out.ids)
         if args.json:
             # margins: the base's own top-1 minus top-2 logit at each new token, from the pass that decided it
             print(json.dumps({"prompt": p["prompt"], "task": p["task"], "mode": args.mode, "k": args.k,
                               "lookup": bool(source) and args.lookup, "lookups": out.lookups,
+                              "draft_cut": args.draft_cut if source == "head" else 0.0,
                               "verified": out.verified,
                               "backend": args.backend, "precision": args.precision, "prompt_ids": prompt_ids,
                               "ids": out.ids, "text": text,

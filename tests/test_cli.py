@@ -74,6 +74,8 @@ def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
     (["--mode", "mtp", "--k", "7", "--backend", "onnx"], ["--k must be", " 6 ", "got 7"]),  # the head drafts 6
     (["--mode", "mtp", "--k", "7"], ["--k must be", " 6 ", "got 7"]),  # torch too: the head was trained for 6
     (["--mode", "fast"], ["invalid choice: 'fast'"]),
+    (["--draft-cut", "1"], ["--draft-cut: must be a number from 0 (no cut) up to 1, got '1'"]),
+    (["--draft-cut", "sure"], ["got 'sure'"]),
 ])
 def test_out_of_range_options_are_a_clear_error(args, fragments, onnx_dir):
     expect_error(run("generate", *INHOUSE, "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), *fragments)

@@ -71,8 +71,8 @@ def test_drafting_reads_the_base_cache_without_changing_it(base, head, tokenizer
     ids = encode_prompt(tokenizer, "continue", "The json module provides")
     _, hidden, cache = base(torch.tensor([ids]))
     before = [(k.clone(), v.clone()) for k, v in cache]
-    drafts = head.draft(base, hidden[0, -1], 42, cache, 5)
-    assert len(drafts) == 5
+    drafts, confidence = head.draft(base, hidden[0, -1], 42, cache, 5)
+    assert len(drafts) == len(confidence) == 5 and all(0 < c <= 1 for c in confidence)
     assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(cache, before))
 
 
@@ -168,7 +168,7 @@ def test_a_second_stage_goes_on_from_a_trained_head(corpus, tmp_path):
                                                              layers=2, **cfg))
     assert deeper.config.num_layers == 2 and deeper.num_params() > first.num_params()
     _, hidden, cache = tiny(torch.tensor([[5, 17, 42, 8, 99]]))
-    assert deeper.draft(tiny, hidden[0, -1], 7, cache, 2) == first.draft(tiny, hidden[0, -1], 7, cache, 2)
+    assert deeper.draft(tiny, hidden[0, -1], 7, cache, 2)[0] == first.draft(tiny, hidden[0, -1], 7, cache, 2)[0]
     save_head(deeper, tmp_path / "deeper")
     assert load_head(tmp_path / "deeper", tiny).config.num_layers == 2
     with pytest.raises(CheckpointError, match="add layers, not remove"):
@@ -260,7 +260,7 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
         out = decode(TorchBackend(tiny, head=cached.eval()), p, 12, eos, 3)
         assert compare_to_reference(ref, out.ids)[0] != "mismatch"
         with torch.no_grad():
-            drafted = cached.draft_ids(cached.vocabulary(tiny), torch.randn(1, 1, 32), tiny.model.embed_tokens(torch.tensor([[p[-1]]])),
+            drafted, _ = cached.draft_ids(cached.vocabulary(tiny), torch.randn(1, 1, 32), tiny.model.embed_tokens(torch.tensor([[p[-1]]])),
                                        *[torch.randn(1, 5, 2, 8) for _ in range(2)], 3)
         assert set(drafted[0].tolist()) <= set(cached.d2t.tolist())
     # exported, its graphs hold the draft vocabulary's rows of the embedding (nothing of the base's file)
@@ -280,8 +280,8 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
         # it drafts only after a token the base chose: it has no embedding of any other
         state = onnx_head.prefill(p[:-1])
         choice = state.choices[-1]
-        assert len(onnx_head.draft(state, choice, 3)) == 3
-        assert onnx_head.draft(state, (choice + 1) % 300, 3) == []
+        assert len(onnx_head.draft(state, choice, 3)[0]) == 3
+        assert onnx_head.draft(state, (choice + 1) % 300, 3) == ([], None)
         assert out.accepted[0] == 0 or p[-1] == choice
 
 

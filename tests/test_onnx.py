@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from builder.export.manifest import MANIFEST
-from builder.decode.loop import DEFAULT_LOOKUP, DEFAULT_MODE, LOOKUP_SPAN, compare_to_reference, decode
+from builder.decode.loop import DEFAULT_LOOKUP, DEFAULT_MODE, DRAFT_CUT, LOOKUP_SPAN, compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.errors import CheckpointError
 from builder.models.head import load_head
@@ -68,6 +68,7 @@ def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, base, 
             assert past and all(i["dtype"] == dtype for i in past), f"{precision} {graph}: the KV cache is {dtype}"
     where = {o["name"]: o["location"] for g in m["precisions"]["fp32"]["graphs"].values() for o in g["outputs"]}
     assert where["choices"] == where["drafts"] == "cpu", "only token ids (and margins) are read back"
+    assert where["confidence"] == "gpu", "the head's confidences are read back only where the decode cuts by them"
     assert where["hidden"] == "gpu" and all(where[n] == "gpu" for n in m["kv"]["present_outputs"])
     assert m["head"]["k"] == head.config.k_train and m["head"]["kv_layer"] == head.config.kv_layer
     assert m["head"]["by_k"] == {str(k): f"head_k{k}" for k in range(1, 7)}
@@ -78,6 +79,7 @@ def test_manifest_describes_the_graphs_as_onnxruntime_sees_them(onnx_dir, base, 
                           for t, (marker, sep) in TASKS.items() if ids(marker) is not None}
     assert m["kv"]["sequence_axis"] == 1 and m["defaults"] == {"k": 4, "max_new_tokens": 32, "mode": DEFAULT_MODE, "lookup": DEFAULT_LOOKUP}
     assert m["lookup_span"] == LOOKUP_SPAN, "the page's decode reads Python's span from here"
+    assert m["draft_cut"] == DRAFT_CUT and set(DRAFT_CUT) == {"wasm", "webgpu"}, "the page's cut, by execution provider"
 
 
 def external(path):
@@ -221,9 +223,10 @@ def test_head_graph_drafts_what_the_torch_head_drafts(heads, base, head, length)
         state = backend.prefill(ids[:length])
         _, _, state = backend.verify(state, ids[length:])
         state = backend.rollback(state, 2)  # the anchor is now the 2nd verified token, inside a longer buffer
-        assert backend.draft(state, token, k) == head.draft(base, hidden[0, -1], token, cache, k), f"head_k{k}"
-        # near the end of a generation fewer drafts are allowed: the first ones of the same graph
-        assert backend.draft(state, token, 1) == head.draft(base, hidden[0, -1], token, cache, 1), f"head_k{k}, 1 draft"
+        for n in (k, 1):  # near the end of a generation fewer drafts are allowed: the first ones of the same graph
+            (got, sure), (want, want_sure) = backend.draft(state, token, n), head.draft(base, hidden[0, -1], token, cache, n)
+            assert got == want and len(sure) == n, f"head_k{k}, {n} drafts"
+            assert np.allclose(sure, want_sure, atol=1e-5) and all(0 < s <= 1 for s in sure), f"head_k{k}: {sure} {want_sure}"
 
 
 class OracleDrafts:
@@ -238,7 +241,7 @@ class OracleDrafts:
     def draft(self, state, token, k):
         pos = next(iter(state.cache.values())).shape[1] + 1
         right = [self.seq[p] if p < len(self.seq) else 0 for p in range(pos, pos + k)]
-        return [(t + 1) % 7 if self.rng.random() < self.p_wrong else t for t in right]
+        return [(t + 1) % 7 if self.rng.random() < self.p_wrong else t for t in right], None
 
 
 @pytest.mark.parametrize("p_wrong", [0.0, 0.3])

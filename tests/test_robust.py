@@ -73,6 +73,8 @@ def wasm(browser, url):
     ({"prompt": "hi", "k": 0}, "PageError: k must be a whole number from 1 to 6, got 0"),
     ({"prompt": "hi", "k": 7}, "PageError: k must be a whole number from 1 to 6, got 7"),
     ({"prompt": "hi", "k": 2.5}, "PageError: k must be a whole number from 1 to 6, got 2.5"),
+    ({"prompt": "hi", "draftCut": 1}, "PageError: draftCut must be a number from 0 (no cut) up to 1, got 1"),
+    ({"prompt": "hi", "draftCut": "0.1"}, "got 0.1"),
     ({"prompt": "hi", "maxNewTokens": 0}, "PageError: max new tokens must be a whole number of at least 1, got 0"),
     ({"prompt": "hi", "maxNewTokens": -4}, "got -4"),
     ({"prompt": "hi", "maxNewTokens": 1.5}, "got 1.5"),

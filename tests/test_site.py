@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 
 from builder.site.browser import served
-from builder.decode.loop import LOOKUP_SPAN, compare_to_reference, decode
+from builder.decode.loop import DRAFT_CUT, LOOKUP_SPAN, compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.decode.onnx_backend import OnnxBackend
 from builder.site.build import VENDOR
@@ -283,7 +283,8 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onn
     drafts some steps, the head alone. And the page's head drafts what the same head graph drafts
     in onnxruntime from Python (exactness alone would hold with a head that drafts nothing right): the
     drafts it got accepted add up to Python's within 10 % (a draft may flip where the head's own top two
-    logits are nearly tied and the page's kernels round differently)."""
+    logits are nearly tied and the page's kernels round differently, or a draft's confidence sits at the
+    page's draft cut, which Python applies too)."""
     backend = page.info["backend"]
     n_new = NEW_TOKENS[backend]
     counts = {"equal": 0, "near-tie": 0, "mismatch": 0}
@@ -306,9 +307,11 @@ def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onn
             looked_up += sum(got["lookups"])
             assert got["promptIds"] == prompt_ids, f"{p['task']} {p['prompt']!r}: the page encodes the prompt differently"
             assert got["backend"] == backend
+            assert got["draftCut"] == (DRAFT_CUT[backend] if mode == "mtp" else 0), "the manifest's cut, the head's only"
             if mode == "mtp":
                 accepted["page"] += sum(got["accepted"])
-                accepted["python"] += sum(decode(heads, prompt_ids, n_new, base.config.eos_token_id, K).accepted)
+                accepted["python"] += sum(decode(heads, prompt_ids, n_new, base.config.eos_token_id, K,
+                                                 draft_cut=got["draftCut"]).accepted)
             verdict, at = compare_to_reference(ref, got["ids"])
             counts[verdict] += 1
             if verdict == "mismatch":
@@ -366,8 +369,18 @@ def test_webgpu_decode_reads_back_only_token_ids_and_feeds_the_head_the_bases_gp
         got = p.generate(prompt=prompt["prompt"], task="proofread", mode="mtp", k=K, maxNewTokens=10, trace=True,
                          lookup=False)  # the head drafts every step
         reads = p.page.evaluate("window.__gpuReads")
+        p.page.evaluate("window.__gpuReads = []")
+        cut = p.generate(prompt=prompt["prompt"], task="proofread", mode="mtp", k=K, maxNewTokens=10, trace=True,
+                         lookup=False, draftCut=0.5)
+        cut_reads = p.page.evaluate("window.__gpuReads")
+        live = p.page.evaluate("window.frozenMTP.info()")["liveGpuTensors"]
     finally:
         p.close()
+    # with a draft cut the page reads the head's confidences back too, one small read a head run, and disposes them
+    heads = sum(r["graph"].startswith("head") for r in cut["trace"])
+    assert got["draftCut"] == 0 and cut["draftCut"] == 0.5 and cut["ids"] == got["ids"] and heads > 0
+    assert len(cut_reads) == len(cut["trace"]) + heads, f"{len(cut_reads)} read-backs, {len(cut['trace'])} runs"
+    assert live == 0, f"{live} GPU tensors left after the decodes"
     trace = got["trace"]
     assert [r["graph"] for r in trace[:3]] == ["base", f"head_k{K}", "base"], "prefill, then head drafts, base verifies"
     # 1. GPU read-backs: exactly one per run, each no bigger than that run's int64 token-id output

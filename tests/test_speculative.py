@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from builder.decode.loop import LOOKUP_SPAN, decode, prompt_lookup
+from builder.decode.loop import LOOKUP_SPAN, cut_drafts, decode, prompt_lookup
 from builder.decode.torch_backend import TorchBackend, decode_ar
 from builder.models.llama import Llama, LlamaConfig
 from tests.conftest import check_steps
@@ -21,7 +21,8 @@ CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidde
 
 
 class OracleDrafter:
-    """Drafts the reference continuation, with each draft wrong with probability `p_wrong`."""
+    """Drafts the reference continuation, with each draft wrong with probability `p_wrong`; it is sure of the
+    right ones (confidence 0.95) and unsure of the wrong ones (0.02)."""
 
     def __init__(self, prompt, reference, p_wrong, seed):
         self.seq, self.p_wrong, self.rng = list(prompt) + list(reference), p_wrong, random.Random(seed)
@@ -31,11 +32,13 @@ class OracleDrafter:
         pos = cache[0][0].shape[1] + 1  # the token sits at position S; drafts follow it
         assert self.seq[pos - 1] == token, "the loop must feed the last decided token"
         self.calls.append((pos, k))
-        out = []
+        out, sure = [], []
         for i in range(k):
             right = self.seq[pos + i] if pos + i < len(self.seq) else 0
-            out.append((right + 1) % CFG.vocab_size if self.rng.random() < self.p_wrong else right)
-        return out
+            wrong = self.rng.random() < self.p_wrong
+            out.append((right + 1) % CFG.vocab_size if wrong else right)
+            sure.append(0.02 if wrong else 0.95)
+        return out, sure
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,30 @@ def test_prompt_lookup_first_keeps_plain_greedy_tokens(base, p_wrong):
     assert looked_up > 4
 
 
+def test_draft_cut_keeps_the_drafts_before_the_running_confidence_falls_below_it():
+    assert cut_drafts([1, 2, 3, 4], [0.9, 0.5, 0.3, 0.9], 0.1) == [1, 2, 3, 4], "0.9, 0.45, 0.135, 0.12"
+    assert cut_drafts([1, 2, 3, 4], [0.9, 0.5, 0.3, 0.9], 0.2) == [1, 2]
+    assert cut_drafts([1, 2, 3, 4], [0.05, 1.0, 1.0, 1.0], 0.1) == [], "the product never recovers"
+    assert cut_drafts([1, 2], [0.5, 0.5], 0.25) == [1, 2], "at the cut is kept"
+    assert cut_drafts([1, 2], None, 0.5) == [1, 2] and cut_drafts([1, 2], [0.01, 0.01], 0.0) == [1, 2], \
+        "no confidence (the drafter) or no cut: every draft"
+
+
+@pytest.mark.parametrize("p_wrong", [0.2, 0.5])
+def test_a_draft_cut_verifies_fewer_drafts_and_keeps_plain_greedy_tokens(base, p_wrong):
+    """OracleDrafter is sure of its right drafts and unsure of its wrong ones: cut at 0.1, a step verifies
+    only its run of right drafts, every one of which is accepted; the tokens stay the reference's."""
+    for seed in range(4):
+        prompt = torch.randint(0, CFG.vocab_size, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
+        ref = decode_ar(base, prompt, 40, None)
+        whole = decode(TorchBackend(base, OracleDrafter(prompt, ref.ids, p_wrong, seed)), prompt, 40, None, 4)
+        got = decode(TorchBackend(base, OracleDrafter(prompt, ref.ids, p_wrong, seed)), prompt, 40, None, 4, draft_cut=0.1)
+        assert whole.ids == got.ids == ref.ids, f"p_wrong={p_wrong} seed={seed}"
+        check_steps(got.accepted, len(got.ids), got.stopped)
+        assert all(v == a + 1 for v, a in zip(got.verified, got.accepted)), "only right drafts were verified"
+        assert sum(got.verified) < sum(whole.verified) and any(v < 5 for v in got.verified[:-1])
+
+
 class CycleBackend:
     """A fake base whose greedy choice after token t is (t + 1) mod 10: its text is a cycle, so once the cycle
     has come round, prompt lookup drafts all the way; it records every verify's length."""
@@ -152,7 +179,7 @@ class CycleBackend:
         return state[: len(state) - self.fed[-1] + n_fed]  # the last verify's rejected drafts go
 
     def draft(self, state, token, k):
-        return []  # the mode's own source drafts nothing: only lookup drafts
+        return [], None  # the mode's own source drafts nothing: only lookup drafts
 
 
 def test_prompt_lookup_drafts_up_to_its_span_not_just_k():
@@ -196,6 +223,34 @@ def test_the_page_looks_up_the_same_drafts_as_python(tmp_path):
     assert sum(map(bool, want)) > 100 and json.loads(run.stdout) == want
 
 
+CUT_JS = """
+const [,, lib, cases] = process.argv;
+const { cutDrafts } = await import(lib);
+console.log(JSON.stringify(JSON.parse(cases).map(([drafts, sure, cut]) => cutDrafts(drafts, sure, cut))));
+"""
+
+
+def test_the_page_cuts_the_same_drafts_as_python(tmp_path):
+    """web/src/generate.mjs's cutDrafts, run by node, against cut_drafts on random confidences and cuts."""
+    import json
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    rng = random.Random(1)
+    cases = []
+    for _ in range(500):
+        n = rng.randint(0, 6)
+        sure = [round(rng.random(), 3) for _ in range(n)] if rng.random() < 0.9 else None
+        cases.append((list(range(n)), sure, rng.choice([0, 0.05, 0.075, 0.1, 0.2, 0.5])))
+    (tmp_path / "cut.mjs").write_text(CUT_JS)
+    run = subprocess.run(["node", str(tmp_path / "cut.mjs"), (ROOT / "web" / "src" / "generate.mjs").as_uri(),
+                          json.dumps(cases)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    want = [cut_drafts(*case) for case in cases]
+    assert len({len(w) for w in want}) == 7 and json.loads(run.stdout) == want
+
+
 DECODE_JS = """
 const [,, lib, prompt, span] = process.argv;
 const { decode } = await import(lib);
@@ -205,7 +260,7 @@ const backend = {  // CycleBackend's fake base: after token t, (t + 1) mod 10; t
   async prefill(ids) { return ids.slice(); },
   async verify(state, ids) { fed.push(ids.length); return [ids.map((t) => (t + 1) % 10), state.concat(ids)]; },
   rollback(state, nFed) { return state.slice(0, state.length - fed.at(-1) + nFed); },
-  async draft() { return []; },
+  async draft() { return [[], null]; },
 };
 const out = await decode(backend, JSON.parse(prompt), { maxNewTokens: 30, eos: null, k: 3, lookup: true, lookupSpan: +span });
 console.log(JSON.stringify({ ids: out.ids, accepted: out.accepted, lookups: out.lookups, verified: out.verified, fed }));

@@ -7,7 +7,8 @@ modules, `onnx_backend.OnnxBackend` the exported graphs with onnxruntime, throug
     backend.prefill(ids) -> state        the base reads ids (no decision yet)
     backend.verify(state, ids) -> (choices, margins, state)   the base's greedy choice after each fed id
     backend.rollback(state, n_fed) -> state                   keep the first n_fed ids just verified
-    backend.draft(state, token, k) -> drafts                  up to k guesses of the tokens after token
+    backend.draft(state, token, k) -> (drafts, confidence)    up to k guesses of the tokens after token, and
+                                         the draft source's probability of each (None where it gives none)
 
 How a decode goes, for a prompt of P tokens:
 - prefill: the base reads the first P - 1 prompt tokens (no decision yet);
@@ -21,6 +22,11 @@ How a decode goes, for a prompt of P tokens:
   prompt's last token is the base's own choice there (a chat template's end is); otherwise that step
   verifies it alone.
 - the cache is rolled back to the n + 1 fed tokens that were right (a prefix view, no copy).
+With `draft_cut`, a step verifies only the drafts before the running product of their confidences falls
+below it (`cut_drafts`): the head's probability that a draft and those before it are all right, by which a
+further draft pays for the base reading one more token only where that is likely enough. Where a pass over
+more tokens costs more (WASM: a fifth of a one-token pass a token, docs/web.md) the page cuts (the
+manifest's `draft_cut`, by execution provider); native onnxruntime and torch, where it costs a few percent, do not.
 With `lookup`, a step first tries prompt lookup (`prompt_lookup`): where the text's last three tokens
 occurred before, in the prompt or the answer so far, the up to LOOKUP_SPAN x k tokens that followed them
 there are the drafts (no model runs; a summary or a proofread sentence copies much of its prompt, often
@@ -62,6 +68,9 @@ DEFAULT_K = 4                 # drafts per speculative step: the one default of 
 DEFAULT_MAX_NEW_TOKENS = 32   # likewise
 DEFAULT_LOOKUP = True         # prompt lookup before the mode's draft source: likewise
 LOOKUP_SPAN = 2               # prompt lookup drafts up to this many times k tokens (the page reads it from the manifest)
+# the page's draft cut by execution provider (the manifest's draft_cut): chosen on prompts other than the cards'
+# (bench/heads/draft_cut.py); WebGPU's 0 until measured on a GPU, where verifying more tokens should cost little
+DRAFT_CUT = {"wasm": 0.15, "webgpu": 0.0}
 
 
 def prompt_lookup(ids: list[int], k: int) -> list[int]:
@@ -73,6 +82,18 @@ def prompt_lookup(ids: list[int], k: int) -> list[int]:
         if ids[i] == c and ids[i - 1] == b and ids[i - 2] == a:
             return ids[i + 1:i + 1 + k]
     return []
+
+
+def cut_drafts(drafts: list[int], confidence: list[float] | None, draft_cut: float) -> list[int]:
+    """The drafts before the running product of their confidences falls below draft_cut (all of them where
+    there is no cut or no confidence). web/src/generate.mjs's cutDrafts is the same function."""
+    if not draft_cut or confidence is None:
+        return drafts
+    n, sure = 0, 1.0
+    while n < len(drafts) and sure * confidence[n] >= draft_cut:
+        sure *= confidence[n]
+        n += 1
+    return drafts[:n]
 
 
 def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
@@ -90,9 +111,10 @@ def room(prompt_ids: list[int], max_new_tokens: int, context: int) -> int:
 
 
 def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None, k: int = 0,
-           lookup: bool = False) -> Decoded:
+           lookup: bool = False, draft_cut: float = 0.0) -> Decoded:
     """Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first,
-    up to LOOKUP_SPAN x k) and the base verifies them."""
+    up to LOOKUP_SPAN x k; with draft_cut, only those the draft source is sure enough of) and the base
+    verifies them."""
     limit = room(prompt_ids, max_new_tokens, backend.context)
     out = Decoded()
     t0 = time.perf_counter()
@@ -106,7 +128,7 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
         drafts = prompt_lookup(prompt_ids + out.ids, min(LOOKUP_SPAN * k, left)) if lookup and k_step > 0 else []
         looked_up = bool(drafts)
         if k_step > 0 and not looked_up:
-            drafts = backend.draft(state, token, k_step)
+            drafts = cut_drafts(*backend.draft(state, token, k_step), draft_cut)
         choices, margins, state = backend.verify(state, [token] + drafts)
         n = 0
         while n < len(drafts) and drafts[n] == choices[n]:  # acceptance: the base chose the draft itself

@@ -132,9 +132,9 @@ class OnnxBackend:
 
         return IndependentDrafter(forward, lambda cache, n: {name: t[:, :n] for name, t in cache.items()})
 
-    def draft(self, state: OnnxState, token: int, k: int) -> list[int]:
+    def draft(self, state: OnnxState, token: int, k: int) -> tuple[list[int], list[float] | None]:
         if self.drafter is not None:
-            return self.drafter.draft(state.ids + [token], k)
+            return self.drafter.draft(state.ids + [token], k), None  # greedy ids, no probabilities
         if self.head is None:
             raise ValueError("this backend has no draft source")
         if k > self.k:
@@ -142,10 +142,11 @@ class OnnxBackend:
         feeds = {"hidden": state.hidden, "anchor": np.array([state.hidden.shape[1] - 1], dtype=np.int64)}
         if self.head_embeds:  # a draft vocabulary: the graph reads the embedding of the base's choice
             if token != state.choices[-1]:
-                return []  # the prompt's last token, not the base's choice: nothing to draft from (loop.py)
+                return [], None  # the prompt's last token, not the base's choice: nothing to draft from (loop.py)
             feeds["embeds"] = state.embeds
         else:
             feeds["token"] = np.array([[token]], dtype=np.int64)
         feeds |= {name: state.cache[past] for name, past in self.head_kv.items()}
-        (drafts,) = self._run(self.head, f"head k={self.k}", ["drafts"], feeds)
-        return drafts[0, :k].tolist()  # the graph of the mode's k; near the end only its first k are allowed
+        drafts, confidence = self._run(self.head, f"head k={self.k}", ["drafts", "confidence"], feeds)
+        # the graph of the mode's k; near the end only its first k are allowed
+        return drafts[0, :k].tolist(), confidence[0, :k].tolist()

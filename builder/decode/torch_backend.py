@@ -65,13 +65,13 @@ class TorchBackend:
         cache = [(k[:, :-drop], v[:, :-drop]) for k, v in state.cache]
         return TorchState(cache, state.hidden[:n_fed], state.choices[:n_fed], state.ids[:-drop])
 
-    def draft(self, state: TorchState, token: int, k: int) -> list[int]:
+    def draft(self, state: TorchState, token: int, k: int) -> tuple[list[int], list[float] | None]:
         if self.head is not None:
             if isinstance(self.head, MTPHead) and self.head.config.draft_vocab and token != state.choices[-1]:
-                return []  # as its graphs, which embed only the base's choices (graphs.HeadGraph; loop.py)
+                return [], None  # as its graphs, which embed only the base's choices (graphs.HeadGraph; loop.py)
             return self.head.draft(self.base, state.hidden[-1], token, state.cache, k)
         if self.drafter is not None:
-            return self.drafter.draft(state.ids + [token], k)
+            return self.drafter.draft(state.ids + [token], k), None  # greedy ids, no probabilities
         raise ValueError("this backend has no draft source")
 
 

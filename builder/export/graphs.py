@@ -20,7 +20,9 @@ wrappers that only rename and flatten:
                   a head with a draft vocabulary, embeds (1, T, C): the base's output as it is (the
                   embedding of its choice at the anchor is the head's first input);
                   past_key / past_value (1, S, n_kv, head_dim): the base's cache of layer kv_layer,
-                  positions 0..anchor -> drafts (1, k) int64, each conditioned on the one before.
+                  positions 0..anchor -> drafts (1, k) int64, each conditioned on the one before, and
+                  confidence (1, k) float32 (in fp16 graphs too): the probability the head gives each
+                  draft, its softmax's top, by which the decode loop may cut them (loop.py's draft_cut).
     drafter.onnx  the independent drafter, with the base graph's inputs and outputs (but embeds).
 
 Each graph is exported in every precision asked for: fp32, and fp16 (`*.fp16.onnx`: the same modules
@@ -35,7 +37,7 @@ content: the six head graphs share the head's; a head over the whole vocabulary 
 and LM head from the base's file, a head with a draft vocabulary holds that vocabulary's rows of them
 in its own (a page would otherwise load the whole embedding once more per head session). A checkpoint saved in fp16 (the shipped ones are) has its fp32 graphs read the fp16
 files too, behind Casts (`half_stored`): one file per model, half the download, the same fp32 values.
-Logits are never an output: the decode loop reads only token ids.
+Logits are never an output: the decode loop reads only token ids and the head's confidences.
 
 The manifest that describes them is manifest.py's; the rewrites that fuse them, fuse.py's.
 """
@@ -106,7 +108,7 @@ class HeadGraph(nn.Module):
             e = token_or_embeds.index_select(1, anchor)
         else:  # (1, 1) the token after the anchor
             e = self.base.model.embed_tokens(token_or_embeds)
-        return self.head.draft_ids(self.vocabulary, h, e, past_key, past_value, self.k)
+        return self.head.draft_ids(self.vocabulary, h, e, past_key, past_value, self.k)  # drafts, confidence
 
 
 # --- the I/O contract of each graph ------------------------------------------------------------------
@@ -142,7 +144,7 @@ def head_io(head: MTPHead, k: int) -> dict:
     return {"inputs": [io("hidden", fl, [1, "T", cfg.hidden_size]), token, io("anchor", "int64", [1]),
                        io("past_key", fl, [1, "S", *kv]),
                        io("past_value", fl, [1, "S", *kv])],
-            "outputs": [io("drafts", "int64", [1, k], "cpu")]}
+            "outputs": [io("drafts", "int64", [1, k], "cpu"), io("confidence", "float32", [1, k], "gpu")]}
 
 
 def names(spec: list[dict]) -> list[str]:

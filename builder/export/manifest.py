@@ -73,7 +73,7 @@ def graph_files(graph: dict) -> list[str]:
 def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, drafter, packed: dict | None = None) -> dict:
     from ..data.tasks import load_tokenizer, special_tokens
     from ..decode.drafter import DRAFTER_K_MAX
-    from ..decode.loop import DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, LOOKUP_SPAN, MODES
+    from ..decode.loop import DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, DRAFT_CUT, LOOKUP_SPAN, MODES
     from .graphs import OPSET, kv_layout
 
     cfg, tok = base.config, load_tokenizer(ckpts.base)
@@ -97,6 +97,7 @@ def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, 
                      "k": min(DEFAULT_K, head.config.k_train) if head else DEFAULT_K,  # a head may draft fewer
                      "max_new_tokens": DEFAULT_MAX_NEW_TOKENS, "lookup": DEFAULT_LOOKUP},
         "lookup_span": LOOKUP_SPAN,  # prompt lookup drafts up to this many times k tokens (loop.py)
+        "draft_cut": DRAFT_CUT,  # execution provider -> the page's draft cut (loop.py)
         "kv": kv_layout(first["base"], cfg),
         "head": None if head is None else {
             "k": head.config.k_train, "kv_layer": head.config.kv_layer,

@@ -195,19 +195,21 @@ class MTPHead(nn.Module):
         return (lambda index: base.model.embed_tokens(self.token_ids(index))), (lambda h: self.draft_logits(base, h))
 
     @torch.no_grad()
-    def draft(self, base: Llama, hidden: torch.Tensor, token: int, cache, k: int) -> list[int]:
-        """k greedy drafts after the anchor: hidden (C,) is the base's at the anchor, the last cached
-        position; token is the base's choice there (not yet in the cache)."""
+    def draft(self, base: Llama, hidden: torch.Tensor, token: int, cache, k: int) -> tuple[list[int], list[float]]:
+        """k greedy drafts after the anchor, and the head's confidence in each (draft_ids): hidden (C,) is the
+        base's at the anchor, the last cached position; token is the base's choice there (not yet in the cache)."""
         base_k, base_v = cache[self.config.kv_layer]  # (1, S, n_kv, D), positions 0..anchor
         token_embed = base.model.embed_tokens(torch.tensor([[token]]))
-        return self.draft_ids(self.vocabulary(base), hidden.view(1, 1, -1), token_embed, base_k, base_v, k)[0].tolist()
+        drafts, confidence = self.draft_ids(self.vocabulary(base), hidden.view(1, 1, -1), token_embed, base_k, base_v, k)
+        return drafts[0].tolist(), confidence[0].tolist()
 
-    def draft_ids(self, vocabulary, hidden, token_embed, base_k, base_v, k: int, anchor=None) -> torch.Tensor:
+    def draft_ids(self, vocabulary, hidden, token_embed, base_k, base_v, k: int, anchor=None):
         """The draft chain on tensors (also what the ONNX graphs run, unrolled): hidden (1, 1, C) at the
         anchor, token_embed (1, 1, C) the embedding of the base's choice there, base_k/v (1, S, n_kv, D) the
-        cache of layer kv_layer -> drafts (1, k); vocabulary: (embed, score) as `vocabulary` returns.
-        anchor (1,): the anchor's position in base_k/v, the last (S - 1) by default; later positions are
-        masked out, as if the cache had been rolled back to it."""
+        cache of layer kv_layer -> drafts (1, k) and their confidence (1, k), float32: the probability the head
+        gives each draft (its softmax's top), which the decode loop may cut the drafts by (loop.py's draft_cut).
+        vocabulary: (embed, score) as `vocabulary` returns. anchor (1,): the anchor's position in base_k/v, the
+        last (S - 1) by default; later positions are masked out, as if the cache had been rolled back to it."""
         embed, score = vocabulary
         S = base_k.shape[1]
         if anchor is None:
@@ -221,7 +223,8 @@ class MTPHead(nn.Module):
                 token_embed = embed(logits[-1].argmax(dim=-1))  # (1, 1, C): fed to the next step
         # one argmax over all the chain's logits rather than a concatenation of its token ids:
         # onnxruntime-web's WebGPU EP has no int64 Concat, and on the CPU it would download every draft
-        return self.token_ids(torch.cat(logits, dim=1).argmax(dim=-1))  # (1, k)
+        logits = torch.cat(logits, dim=1)  # (1, k, V)
+        return self.token_ids(logits.argmax(dim=-1)), torch.softmax(logits.float(), dim=-1).amax(dim=-1)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

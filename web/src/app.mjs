@@ -135,33 +135,39 @@ let controller = null;
  * lookup before the mode's draft source: generate.mjs) and maxNewTokens default to the manifest's `defaults`;
  * trace: true returns every graph run's inputs and outputs.
  * onStep(sofar, ms) sees the decode after every step; an aborted signal stops it at the next step.
- * @returns {Promise<{promptIds, ids, text, steps, accepted, lookups, verified, lookup, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
+ * draftCut: the drafts a step verifies stop where the running product of the head's confidences falls below it
+ * (generate.mjs's cutDrafts; default the manifest's draft_cut for this execution provider).
+ * @returns {Promise<{promptIds, ids, text, steps, accepted, lookups, verified, lookup, draftCut, ms, prefillMs, firstTokenMs, backend, precision, mode, k, task,
  *   stopped, trace?}>}
  */
-function generate({ prompt, task = 'continue', mode, k, lookup, maxNewTokens, trace = false, onStep, signal } = {}) {
+function generate({ prompt, task = 'continue', mode, k, lookup, draftCut, maxNewTokens, trace = false, onStep, signal } = {}) {
   const job = chain.then(async () => {
     const { models: { manifest, tokenizer, sessions } } = await current;
     mode ??= manifest.defaults.mode;
     k ??= manifest.defaults.k;
     lookup ??= manifest.defaults.lookup;
     maxNewTokens ??= manifest.defaults.max_new_tokens;
+    draftCut ??= manifest.draft_cut?.[sessions.backend] ?? 0;  // by execution provider (loop.py's DRAFT_CUT)
     if (!(mode in manifest.modes)) {
       throw new PageError(`unknown mode "${mode}": choose ${listed(Object.keys(manifest.modes))}`);
     }
     if (typeof lookup !== 'boolean') throw new PageError(`lookup must be true or false, got ${lookup}`);
+    if (!(typeof draftCut === 'number' && draftCut >= 0 && draftCut < 1)) {
+      throw new PageError(`draftCut must be a number from 0 (no cut) up to 1, got ${draftCut}`);
+    }
     if (manifest.modes[mode] && !(Number.isInteger(k) && k >= 1 && k <= kMax(manifest, mode))) {
       throw new PageError(`k must be a whole number from 1 to ${kMax(manifest, mode)}, got ${k}`);
     }
     const promptIds = tokenizer.encodePrompt(task, prompt);
     const source = manifest.modes[mode];
-    const backend = new OnnxBackend(sessions, { source, k, trace: trace ? [] : null });
+    const backend = new OnnxBackend(sessions, { source, k, draftCut, trace: trace ? [] : null });
     await sessions.open(backend.graphs);  // open (download) the graphs this mode needs before the clock starts
     const t0 = performance.now();
     let firstTokenMs = null;
     let out, ms;
     try {
       out = await decode(backend, promptIds, {
-        maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, lookup, lookupSpan: manifest.lookup_span, signal,
+        maxNewTokens, eos: manifest.eos_token_id, k: source ? k : 0, lookup, lookupSpan: manifest.lookup_span, draftCut, signal,
         onStep(sofar) {
           firstTokenMs ??= performance.now() - t0;
           onStep?.(sofar, performance.now() - t0);
@@ -178,7 +184,7 @@ function generate({ prompt, task = 'continue', mode, k, lookup, maxNewTokens, tr
       backend.close();
     }
     return { promptIds, ids: out.ids, text: tokenizer.decode(out.ids), steps: out.steps, accepted: out.accepted,
-      lookups: out.lookups, verified: out.verified, lookup: !!source && lookup, ms, prefillMs: out.prefillMs, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
+      lookups: out.lookups, verified: out.verified, lookup: !!source && lookup, draftCut: source === 'head' ? draftCut : 0, ms, prefillMs: out.prefillMs, firstTokenMs, backend: sessions.backend, precision: sessions.precision, mode,
       k: source ? k : 0, task, stopped: out.stopped, ...(trace ? { trace: backend.trace } : {}) };
   });
   chain = job.catch(() => {});
@@ -250,13 +256,14 @@ class Stream {
   }
 }
 
-function showFigures({ ids, steps, accepted, lookups, k }, ms) {
+function showFigures({ ids, steps, accepted, lookups, verified, k }, ms) {
   const [tau, byPosition] = acceptance(accepted, k);
   const copied = lookups.filter(Boolean).length;
   $('lookups').textContent = accepted.length ? `${copied} of ${steps}` : '–';
   $('tps').textContent = ms > 0 ? (ids.length / (ms / 1000)).toFixed(1) : '–';
   $('tau').textContent = steps ? tau.toFixed(2) : '–';
   $('steps').textContent = String(steps);
+  $('checked').textContent = accepted.length ? (verified.reduce((sum, v) => sum + v - 1, 0) / steps).toFixed(2) : '–';
   $('ntok').textContent = String(ids.length);
   $('bars').replaceChildren(...byPosition.map((share, i) => {
     const bar = document.createElement('div');

@@ -37,16 +37,32 @@ export function promptLookup(ids, k) {
 }
 
 /**
+ * The drafts before the running product of their confidences falls below draftCut (all of them where there is
+ * no cut or no confidence), as Python's `cut_drafts`.
+ */
+export function cutDrafts(drafts, confidence, draftCut) {
+  if (!draftCut || !confidence) return drafts;
+  let n = 0;
+  let sure = 1;
+  while (n < drafts.length && sure * confidence[n] >= draftCut) {
+    sure *= confidence[n];
+    n += 1;
+  }
+  return drafts.slice(0, n);
+}
+
+/**
  * Greedy decoding; with k > 0 the backend drafts k tokens per step (with lookup, prompt lookup first, up to
- * lookupSpan x k: the manifest's lookup_span, Python's LOOKUP_SPAN) and the base verifies them.
+ * lookupSpan x k: the manifest's lookup_span, Python's LOOKUP_SPAN; with draftCut, only those the draft source is sure
+ * enough of: the manifest's draft_cut) and the base verifies them.
  * @param {{context: number, prefill: Function, verify: Function, rollback: Function, draft: Function}} backend
  * @param {number[]} promptIds
  * @param {{maxNewTokens: number, eos: number|null, k?: number, lookup?: boolean, lookupSpan?: number,
- *   onStep?: (out: object) => void, signal?: AbortSignal}} options
+ *   draftCut?: number, onStep?: (out: object) => void, signal?: AbortSignal}} options
  * @returns {Promise<{ids: number[], steps: number, accepted: number[], lookups: boolean[], verified: number[],
  *   stopped: string, prefillMs: number}>} verified: per step, the tokens its base pass read (1 + drafts)
  */
-export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, lookup = false, lookupSpan = 1, onStep, signal }) {
+export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, lookup = false, lookupSpan = 1, draftCut = 0, onStep, signal }) {
   const limit = room(promptIds, maxNewTokens, backend.context);
   const out = { ids: [], steps: 0, accepted: [], lookups: [], verified: [], stopped: '', prefillMs: 0 };
   const t0 = performance.now();
@@ -59,7 +75,7 @@ export async function decode(backend, promptIds, { maxNewTokens, eos, k = 0, loo
     const kStep = Math.min(k, left);
     let drafts = lookup && kStep > 0 ? promptLookup(promptIds.concat(out.ids), Math.min(lookupSpan * k, left)) : [];
     const lookedUp = drafts.length > 0;
-    if (kStep > 0 && !lookedUp) drafts = await backend.draft(state, token, kStep);
+    if (kStep > 0 && !lookedUp) drafts = cutDrafts(...await backend.draft(state, token, kStep), draftCut);
     let choices;
     [choices, state] = await backend.verify(state, [token, ...drafts]);
     let n = 0;

@@ -7,7 +7,7 @@
 //
 // On WebGPU the KV cache, the hidden states and the embeddings of the base's choices stay on the GPU
 // ('gpu-buffer' outputs) and are fed as they are to the head and to the next base run; rollback is a prefix view of the same buffer, never a copy;
-// only token ids are read back. The tensors a run returned are disposed once a later run replaced them,
+// only token ids are read back (and the head's confidences, where the decode cuts drafts by them). The tensors a run returned are disposed once a later run replaced them,
 // and by `close` at the end of the decode.
 
 import { IndependentDrafter } from './drafter.mjs';
@@ -37,12 +37,14 @@ const cacheOf = (out, kv) => Object.fromEntries(kv.present_outputs.map((name, i)
 export class OnnxBackend {
   /**
    * @param {import('./sessions.mjs').Sessions} sessions  the page's sessions (sessions.mjs)
-   * @param {{source?: 'head'|'drafter'|null, k?: number, trace?: object[]|null}} options  source: who drafts
-   *   (null: plain decoding); k: the user's k (the head graph that runs); trace: records every run when given
+   * @param {{source?: 'head'|'drafter'|null, k?: number, draftCut?: number, trace?: object[]|null}} options  source:
+   *   who drafts (null: plain decoding); k: the user's k (the head graph that runs); draftCut: the decode's cut
+   *   (generate.mjs), without which the head's confidences stay where they are; trace: records every run when given
    */
-  constructor(sessions, { source = null, k = 0, trace = null } = {}) {
+  constructor(sessions, { source = null, k = 0, draftCut = 0, trace = null } = {}) {
     const m = sessions.manifest;
     this.sessions = sessions;
+    this.draftCut = draftCut;
     this.trace = trace;
     this.context = m.context_length;
     this.kv = m.kv;
@@ -90,19 +92,23 @@ export class OnnxBackend {
   }
 
   async draft(state, token, k) {
-    if (this.drafter) return this.drafter.draft(state.ids.concat([token]), k);
+    // [drafts, the probability the draft source gives each (null: the drafter gives none)]
+    if (this.drafter) return [await this.drafter.draft(state.ids.concat([token]), k), null];
     if (!this.head) throw new Error('this backend has no draft source');
     const feeds = { hidden: state.hidden, anchor: int64([state.hidden.dims[1] - 1], [1]),
       ...mapValues(this.headKv, (past) => state.cache[past]) };
     if (this.headEmbeds) {  // a draft vocabulary: the graph reads the embedding of the base's choice
       // the prompt's last token, not the base's choice: nothing to draft from (as Python, loop.py)
-      if (token !== state.choices.at(-1)) return [];
+      if (token !== state.choices.at(-1)) return [[], null];
       feeds.embeds = state.embeds;
     } else {
       feeds.token = int64([token], [1, 1]);
     }
     const out = await this.run(this.head, feeds);
-    return Array.from(out.drafts.data.subarray(0, k), Number);
+    // the confidences are read (on WebGPU, a second read-back of k floats) only where the decode cuts by them
+    const sure = this.draftCut ? Array.from((await out.confidence.getData()).subarray(0, k)) : null;
+    this.sessions.dispose(out.confidence);
+    return [Array.from(out.drafts.data.subarray(0, k), Number), sure];
   }
 
   /** The drafter graph behind the one drafting logic of drafter.mjs (its own cache, by prefix). */
