@@ -25,7 +25,7 @@ How a decode goes, for a prompt of P tokens:
 With `draft_cut`, a step verifies only the drafts before the running product of their confidences falls
 below it (`cut_drafts`): the head's probability that a draft and those before it are all right, by which a
 further draft pays for the base reading one more token only where that is likely enough. Where a pass over
-more tokens costs more (WASM: a fifth of a one-token pass a token, docs/web.md) the page cuts (the
+more tokens costs more (WASM: about a sixth of a one-token pass a token, docs/web.md) the page cuts (the
 manifest's `draft_cut`, by execution provider); native onnxruntime and torch, where it costs a few percent, do not.
 With `lookup`, a step first tries prompt lookup (`prompt_lookup`): where the text's last three tokens
 occurred before, in the prompt or the answer so far, the up to LOOKUP_SPAN x k tokens that followed them
