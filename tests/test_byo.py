@@ -109,7 +109,9 @@ def test_page_equals_python_reference_on_wasm(byo, browser):
                 prompt_ids = encode_prompt(tok, task, text)
                 ref = decode_ar(base, prompt_ids, 24, base.config.eos_token_id)
                 for mode in ("ar", "mtp"):
-                    r = page.generate(prompt=text, task=task, mode=mode, k=3, maxNewTokens=24)
+                    # no draft cut: this test's briefly trained heads are rarely sure of a draft, and the
+                    # accepting path is what it checks (the cut: test_speculative, test_site)
+                    r = page.generate(prompt=text, task=task, mode=mode, k=3, maxNewTokens=24, draftCut=0)
                     assert r["promptIds"] == prompt_ids
                     verdict, where = compare_to_reference(ref, r["ids"])
                     assert verdict == "equal", f"{kind} {task} {mode}: {verdict} at {where}"

@@ -26,7 +26,8 @@ wrappers that only rename and flatten:
     drafter.onnx  the independent drafter, with the base graph's inputs and outputs (but embeds).
 
 Each graph is exported in every precision asked for: fp32, and fp16 (`*.fp16.onnx`: the same modules
-cast to half, every float input and output float16; RMSNorm and softmax compute in fp32 inside).
+cast to half, every float input and output float16 but the head's confidence; RMSNorm and softmax compute in
+fp32 inside).
 
 In the fp32 graphs each residual RMSNorm and each rotary embedding is one of onnxruntime's fused
 operators (com.microsoft domain, kernels on CPU, WASM and WebGPU; `fuse`): 35 % fewer nodes in the base.
