@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from builder.bench.report import base_ms
 from builder.data.corpus import HEAD_SOURCES, load_corpus, prompts_digest, validation_prompts
 from builder.data.messages import HELD_BACK, held_back
 from builder.data.tasks import encode_prompt, load_tokenizer
@@ -41,18 +42,14 @@ def prompt_set(which: str, tasks: tuple) -> list[dict]:
 
 
 def step_costs(profile: dict) -> tuple[list[float], float]:
-    """A base pass over T tokens against one token, T = 0..40 (interpolated between the profile's lengths; made
-    non-decreasing, as a longer pass never costs less: a length measured a few times may read high), and the head."""
-    one = profile["base T=1"]["median_ms"]
-    known = sorted((int(name.split("=")[1]), v["median_ms"] / one) for name, v in profile.items() if name.startswith("base T="))
-    cost = [0.0] * 41
-    for t in range(1, 41):
-        lo = max((p for p in known if p[0] <= t), default=known[0])
-        hi = min((p for p in known if p[0] >= t), default=known[-1])
-        cost[t] = lo[1] if hi[0] == lo[0] else lo[1] + (hi[1] - lo[1]) * (t - lo[0]) / (hi[0] - lo[0])
-    for t in range(39, 0, -1):
+    """A base pass over T tokens against one token, T = 0..9 (the profile's, between its lengths by straight line:
+    report.py's base_ms; made non-decreasing, as a longer pass never costs less: a length measured a few times
+    may read high), and the head's graph of K."""
+    ms = {name: v["median_ms"] for name, v in profile.items()}
+    cost = [0.0] + [base_ms(ms, t) / ms["base T=1"] for t in range(1, 2 * K + 2)]  # a lookup step: up to 2k + 1
+    for t in range(len(cost) - 2, 0, -1):
         cost[t] = min(cost[t], cost[t + 1])
-    return cost, profile[f"head k={K}"]["median_ms"] / one
+    return cost, ms[f"head k={K}"] / ms["base T=1"]
 
 
 def main() -> None:
