@@ -92,9 +92,11 @@ def build_parser() -> Parser:
                         "when the prompt and its new tokens fill the context window (JSON field `stopped`)")
     g.add_argument("--backend", default="torch", choices=["torch", "onnx"],
                    help="torch: the PyTorch modules; onnx: the exported ONNX graphs with onnxruntime on the CPU")
-    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16"],
+    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "q4"],
                    help="--backend onnx: the fp32 graphs or their fp16 variants (what the page runs on WebGPU "
-                        "with shader-f16); the exactness rule compares within one precision")
+                        "with shader-f16), or q4 (a base imported from a GGUF, exported with fp32: its Q4_1 "
+                        "weights in 4 bits, MatMulNBits, what the page runs on WebGPU); the exactness rule "
+                        "compares within one precision")
     g.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export that --backend onnx runs (graphs, weights files, manifest.json); "
                         "exported there from --base (and --head or --drafter) when it is missing or was "
@@ -259,7 +261,7 @@ def cmd_generate(args) -> None:
         raise PromptError(f"--k must be between 1 and {k_max} in mode {args.mode} ({why}), got {args.k}")
     if args.backend == "onnx":
         ckpts = Checkpoints(base_dir, Path(args.head) if head else None, Path(args.drafter) if drafter else None)
-        ensure_export(ckpts, Path(args.onnx_dir), (args.precision,))
+        ensure_export(ckpts, Path(args.onnx_dir), ("fp32",) if args.precision == "q4" else (args.precision,))
         backend = OnnxBackend(args.onnx_dir, source, args.k if source else 0, args.precision)
     else:
         backend = TorchBackend(model, head=head, drafter=torch_drafter(drafter) if drafter else None)

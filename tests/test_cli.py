@@ -76,6 +76,8 @@ def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
     (["--mode", "fast"], ["invalid choice: 'fast'"]),
     (["--draft-cut", "1"], ["--draft-cut: must be a number from 0 (no cut) up to 1, got '1'"]),
     (["--draft-cut", "sure"], ["got 'sure'"]),
+    (["--backend", "onnx", "--precision", "q4"], ["has no q4 graphs", "only a base imported from a GGUF"]),
+    (["--precision", "q4"], ["--precision q4 needs --backend onnx"]),
 ])
 def test_out_of_range_options_are_a_clear_error(args, fragments, onnx_dir):
     expect_error(run("generate", *INHOUSE, "--prompt", "hi", "--onnx-dir", str(onnx_dir), *args), *fragments)

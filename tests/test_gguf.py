@@ -193,8 +193,15 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
     rows = files["head.data"]["packed"]
     assert [s["rows"] for s in rows["segments"] if s["kind"] == "q8_0"] == [4096]
     assert node_unpack(onnx_dir / rows["file"], rows, files["head.data"]["bytes"]) == files["head.data"]["sha256"]
+    # q4 (export/nbits.py): the base's graph on its Q4_1 weights in 4 bits, its file rebuilt from the same blocks
+    q4 = files["base.q4.data"]["packed"]
+    assert q4["file"] == packed["file"] and {"q4_1.q", "q4_1.d", "q4_1.mT", "q8_0"} <= {s["kind"] for s in q4["segments"]}
+    assert node_unpack(onnx_dir / q4["file"], q4, files["base.q4.data"]["bytes"]) == files["base.q4.data"]["sha256"]
+    q4_weights = sum(files[f]["bytes"] for f in json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["q4"]["graphs"]["base"]["weights"])
+    assert q4_weights < 0.4 * files["base.data"]["bytes"], q4_weights  # the embedding stays fp32 (113 of 193 MB)
     tok = load_tokenizer(SMOL)
-    backends = {"torch": TorchBackend(smol, head=head), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32")}
+    backends = {"torch": TorchBackend(smol, head=head), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32"),
+                "onnx q4": OnnxBackend(onnx_dir, "head", 4, "q4")}
     looked_up = 0
     for task, text in PROMPTS:
         ids = encode_prompt(tok, task, text)
@@ -214,8 +221,9 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
 def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export, browser, tmp_path, backend, n):
     """The site of the export: the page downloads base.blocks (never the fp32 base.data), rebuilds the
     weights, and writes the base's own greedy tokens in ar and mtp (prompt lookup first, the default). On WebGPU
-    (SwiftShader: a prompt's prefill takes about 30 s, a pass about 10 s) one prompt and few tokens, its MTP run
-    traced and with the head alone: the head reads the base's embedding of its choice as the very GPU buffer."""
+    the 4-bit graph (q4, its weights rebuilt from the same blocks; SwiftShader: a prompt's prefill takes about
+    30 s, a pass about 10 s) on one prompt and few tokens, its MTP run traced and with the head alone: the head
+    reads the base's embedding of its choice as the very GPU buffer."""
     from builder.decode.loop import compare_to_reference
     from builder.decode.torch_backend import decode_ar
     from builder.export.manifest import Checkpoints
@@ -231,6 +239,7 @@ def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export
     with served(site) as url:
         page = Page(browser, url, f"?backend={backend}")
         assert page.info["backend"] == backend, page.info
+        assert page.info["precision"] == ("q4" if backend == "webgpu" else "fp32"), page.info
         traced = backend == "webgpu"
         for task, text in PROMPTS[:1 if traced else 2]:
             ref = decode_ar(smol, encode_prompt(tok, task, text), n, smol.config.eos_token_id)
@@ -242,7 +251,8 @@ def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export
             heads = [i for i, r in enumerate(trace) if r["graph"].startswith("head")]
             assert heads and all(trace[i - 1]["graph"] == "base" and trace[i]["inputs"]["embeds"]["buffer"]
                                  == trace[i - 1]["outputs"]["embeds"]["buffer"] for i in heads), trace
-        assert not [r for r in page.requests if r.endswith("/base.data")]
+        assert not [r for r in page.requests if r.endswith(("/base.data", "/base.q4.data",
+                                                             "/base.onnx" if traced else "/base.q4.onnx"))], page.requests
         assert [r for r in page.requests if r.endswith("/base.blocks")]
         assert page.errors == []
         page.close()
@@ -301,6 +311,51 @@ def test_the_page_rebuilds_fp32_weights_from_q4_1_and_q8_0_blocks_bit_for_bit(tm
     (tmp_path / "w.blocks").write_bytes(bytes(blocks))
     got = node_unpack(tmp_path / "w.blocks", {"file": "w.blocks", "segments": segments}, len(data))
     assert got == hashlib.sha256(bytes(data)).hexdigest()
+
+
+def test_the_q4_graph_computes_the_q4_1_weights_with_matmulnbits_and_the_page_rebuilds_its_file(tmp_path):
+    """export/nbits.py on a graph of one Transpose-MatMul by a Q4_1 weight (gguf-quantized, 11 blocks a row:
+    zero points of an odd count) and one by a raw weight: MatMulNBits plus the minima's correction gives
+    onnxruntime x @ W.T of the dequantized W (to rounding), the raw weight is copied, and blocks.mjs
+    rebuilds the q4 weights file from the fp32 file's blocks bit for bit."""
+    import hashlib
+
+    import onnx
+    import onnxruntime as ort
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+    from onnx import TensorProto, helper
+
+    from builder.export.graphs import WeightStore
+    from builder.export.nbits import q4_graph, q4_packed
+    from builder.export.packed import pack
+
+    rng = np.random.default_rng(1)
+    q = quantize((rng.standard_normal((256, 352)) * 0.1 + rng.standard_normal((256, 1)) * 0.05).astype(np.float32), Q.Q4_1)
+    w = dequantize(q, Q.Q4_1).astype(np.float32)
+    raw = rng.standard_normal((40, 256)).astype(np.float32)
+    blocks = {hashlib.sha256(w.tobytes()).hexdigest(): {"kind": "q4_1", "blocks": np.asarray(q, np.uint8).reshape(256, -1)}}
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["h"]),
+             helper.make_node("Transpose", ["r"], ["rt"], perm=[1, 0]), helper.make_node("MatMul", ["h", "rt"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", 352])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", 40])],
+                              [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(raw, "r")])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    WeightStore(tmp_path).externalize(model, "g", "")
+    onnx.save(model, tmp_path / "g.onnx")
+    packed = pack(tmp_path, blocks)
+    q4, origin = q4_graph(tmp_path, "g.onnx", blocks)
+    assert [n.op_type for n in q4.graph.node].count("MatMulNBits") == 1 and "w" not in {t.name for t in q4.graph.initializer}
+    WeightStore(tmp_path).externalize(q4, "g", ".q4")
+    onnx.save(q4, tmp_path / "g.q4.onnx")
+    x = rng.standard_normal((1, 5, 352)).astype(np.float32)
+    got = ort.InferenceSession(str(tmp_path / "g.q4.onnx")).run(None, {"x": x})[0]
+    want = x.astype(np.float64) @ w.T @ raw.T
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # fp32 rounding only
+    spec = q4_packed("g.q4.data", q4, origin, packed)
+    assert sorted(s["kind"] for s in spec["segments"]) == ["q4_1.d", "q4_1.mT", "q4_1.q", "raw", "zeros"]
+    data = (tmp_path / "g.q4.data").read_bytes()
+    assert node_unpack(tmp_path / spec["file"], spec, len(data)) == hashlib.sha256(data).hexdigest()
 
 
 PAGE_TOKENIZER = """

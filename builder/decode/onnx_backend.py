@@ -53,7 +53,8 @@ class OnnxBackend:
         if source and not 1 <= k <= m[source]["k"]:
             raise ValueError(f"the {source} drafts 1 to {m[source]['k']} tokens a step, {k} asked")
         if precision not in m["precisions"]:
-            raise CheckpointError(f"{where} has no {precision} graphs: export them")
+            why = " (only a base imported from a GGUF has them)" if precision == "q4" else ": export them"
+            raise CheckpointError(f"{where} has no {precision} graphs{why}")
         self.graphs = m["precisions"][precision]["graphs"]
         self.float = np.dtype(m["precisions"][precision]["dtype"])
         so = ort.SessionOptions()

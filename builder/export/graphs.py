@@ -214,6 +214,10 @@ class WeightStore:
         the fp16 graphs find them); returns the files the model reads, in order."""
         used = []
         for t in model.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:  # already stored (the q4 graph's fp16 norms)
+                location = next(e.value for e in t.external_data if e.key == "location")
+                used += [location] if location not in used else []
+                continue
             data = onnx.numpy_helper.to_array(t)
             if data.nbytes <= INLINE_BYTES:
                 continue

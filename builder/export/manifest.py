@@ -16,6 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
+
 from ..errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ def code_hash() -> str:
     h = hashlib.sha256()
     package = Path(__file__).resolve().parent.parent
     for name in ("models/llama.py", "models/head.py", "models/gguf.py", "decode/torch_backend.py", "export/graphs.py",
-                 "export/fuse.py", "export/packed.py", "export/manifest.py"):
+                 "export/fuse.py", "export/packed.py", "export/nbits.py", "export/manifest.py"):
         h.update((package / name).read_bytes())
     return h.hexdigest()
 
@@ -146,7 +148,22 @@ def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = N
             for weight in {id(w): w for w in (base.model.embed_tokens.weight, base.lm_head.weight)}.values():
                 blocks.update(rows_of(blocks, weight.detach().numpy(), head.d2t.numpy()))
         packed = pack(out, blocks)
+        if "fp32" in graphs:
+            graphs["q4"], packed["base.q4.data"] = export_q4(out, graphs["fp32"], blocks, packed)
     return write_manifest(ckpts, out, graphs, base, head, drafter, packed)
+
+
+def export_q4(out: Path, fp32: dict, blocks: dict, packed: dict) -> tuple[dict, dict]:
+    """Precision q4 (export/nbits.py): the fp32 graphs, but the base's with its Q4_1 weights in 4 bits,
+    in base.q4.onnx and base.q4.data, which the page rebuilds from the fp32 base's blocks file."""
+    from .graphs import WeightStore
+    from .nbits import q4_graph, q4_packed
+
+    model, origin = q4_graph(out, fp32["graphs"]["base"]["file"], blocks)
+    weights = WeightStore(out).externalize(model, "base", ".q4")
+    onnx.save(model, out / "base.q4.onnx")
+    graphs = {**fp32["graphs"], "base": {**fp32["graphs"]["base"], "file": "base.q4.onnx", "weights": weights}}
+    return {"dtype": fp32["dtype"], "graphs": graphs}, q4_packed("base.q4.data", model, origin, packed)
 
 
 def is_export_of(directory: Path, ckpts: Checkpoints, precisions: tuple[str, ...]) -> bool:

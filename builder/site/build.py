@@ -81,7 +81,9 @@ def npm_ci(web: Path) -> Path:
 
 def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], models: Path) -> dict:
     """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those."""
-    kept = {p: manifest["precisions"][p] for p in precisions}
+    # q4 (export/nbits.py) comes with fp32: its files are fp32's but the base's, rebuilt from the same blocks
+    q4 = ("q4",) if "fp32" in precisions and "q4" in manifest["precisions"] else ()
+    kept = {p: manifest["precisions"][p] for p in (*precisions, *q4)}
     files = {f for p in kept.values() for g in p["graphs"].values() for f in graph_files(g)} | {manifest["tokenizer"]}
     # a weights file with a packed form: the site holds that (the page rebuilds the file from it)
     files |= {manifest["files"][f]["packed"]["file"] for f in files if "packed" in manifest["files"][f]}

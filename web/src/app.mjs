@@ -47,7 +47,7 @@ async function load(choice, since = 0) {
     + (threadsNote ? ` · ${threadsNote}` : '');
   const loading = loadModels(new URL('models/', location.href), {
     backend: choice.backend,
-    precision: choice.precision,
+    precision: choice.q4 ? ['q4', choice.precision] : choice.precision,
     threads: threadChoice.threads,
     open: (manifest) => ['base', manifest.head.by_k[manifest.defaults.k]],  // the rest open when first used
     onProgress(loaded, total, file) {  // total 0: not known yet (a compressed download)
@@ -77,7 +77,8 @@ async function load(choice, since = 0) {
   const { manifest, sessions } = models;
   const loadMs = performance.now() - since;
   const precisionNote = sessions.precision === choice.precision ? choice.precisionNote
-    : `${sessions.precision}: this site has no ${choice.precision} models`;
+    : sessions.precision === 'q4' && choice.q4 ? 'q4: 4-bit weights (MatMulNBits) on WebGPU'
+      : `${sessions.precision}: this site has no ${choice.precision} models`;
   $('backend').textContent += ` · ${sessions.precision}`;
   $('precision').textContent = `· ${precisionNote}`;
   const modes = Object.keys(manifest.modes);  // mode -> draft source, as builder/decode/loop.py's MODES

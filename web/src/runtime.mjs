@@ -60,8 +60,8 @@ export async function chooseBackend(requested, precision) {
   if (requested && requested !== 'webgpu' && requested !== 'wasm') {
     throw new PageError(`unknown backend "${requested}": use ?backend=webgpu or ?backend=wasm`);
   }
-  if (precision && precision !== 'fp16' && precision !== 'fp32') {
-    throw new PageError(`unknown precision "${precision}": use ?precision=fp16 or ?precision=fp32`);
+  if (precision && !['fp16', 'fp32', 'q4'].includes(precision)) {
+    throw new PageError(`unknown precision "${precision}": use ?precision=fp16, ?precision=fp32 or ?precision=q4`);
   }
   if (requested === 'wasm') {
     return { backend: 'wasm', adapter: null, note: 'WASM, as requested', ...choosePrecision(precision, 'wasm', false) };
@@ -87,10 +87,12 @@ export async function chooseBackend(requested, precision) {
 }
 
 /**
- * fp16 where the WebGPU adapter has the shader-f16 feature, fp32 otherwise, unless ?precision= says.
- * fp16 on WASM (only when asked for) runs the fp16 graphs with onnxruntime's fp32 kernels where it has
- * no fp16 ones: not faster (a model saved in fp16 has its fp32 graphs read the same fp16 weights).
- * The site may lack a precision: `loadModels` then uses the other.
+ * fp16 where the WebGPU adapter has the shader-f16 feature, fp32 otherwise, unless ?precision= says; on
+ * WebGPU q4 before either (`q4: true`) where the site has it (a base imported from a GGUF: its Q4_1 weights
+ * in 4 bits, MatMulNBits, builder/export/nbits.py). fp16 on WASM (only when asked for) runs the fp16 graphs
+ * with onnxruntime's fp32 kernels where it has no fp16 ones: not faster (a model saved in fp16 has its fp32
+ * graphs read the same fp16 weights); so does q4 (WASM unpacks the 4 bits on every pass: 6x slower).
+ * The site may lack a precision: `loadModels` then uses another.
  */
 export function choosePrecision(requested, backend, shaderF16) {
   if (requested === 'fp16' && backend === 'webgpu' && !shaderF16) {
@@ -98,8 +100,8 @@ export function choosePrecision(requested, backend, shaderF16) {
   }
   if (requested) return { precision: requested, precisionNote: `${requested}, as requested` };
   if (backend === 'webgpu') {
-    return shaderF16 ? { precision: 'fp16', precisionNote: 'fp16: the adapter has shader-f16' }
-      : { precision: 'fp32', precisionNote: 'fp32: the adapter lacks shader-f16' };
+    return shaderF16 ? { precision: 'fp16', precisionNote: 'fp16: the adapter has shader-f16', q4: true }
+      : { precision: 'fp32', precisionNote: 'fp32: the adapter lacks shader-f16', q4: true };
   }
   return { precision: 'fp32', precisionNote: 'fp32 on WASM' };
 }

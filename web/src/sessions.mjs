@@ -19,10 +19,10 @@ const FORMAT = 'frozen-mtp-onnx/2';
 
 /**
  * Reads the manifest and the tokenizer under `modelsUrl` (the models/ folder's URL), then opens the
- * graphs `open(manifest)` names (the rest open when first used). A precision the site lacks falls back to
- * the one it has (see `sessions.precision`).
+ * graphs `open(manifest)` names (the rest open when first used). `precision`: one, or several in order of
+ * preference; one the site lacks falls back to one it has (see `sessions.precision`).
  * @param {URL} modelsUrl
- * @param {{backend: string, precision: string, threads?: number, open: (manifest: object) => string[],
+ * @param {{backend: string, precision: string|string[], threads?: number, open: (manifest: object) => string[],
  *   onProgress?: (loaded: number, total: number, file: string) => void, onLost?: (info: object) => void}} options
  *   onLost: called once if the WebGPU device is lost
  * @returns {Promise<{manifest: object, tokenizer: TaskTokenizer, sessions: Sessions}>}
@@ -42,7 +42,7 @@ export async function loadModels(modelsUrl, { backend, precision, threads = 1, o
   const tokenizer = new TaskTokenizer(new Tokenizer(unicodeDigits({ ...json, added_tokens: [] }), {}), manifest);
   ort.env.wasm.wasmBinary ??= await fetchRuntime(runtimeFile(), onProgress);  // read when the runtime starts
   const built = Object.keys(manifest.precisions);
-  const sessions = new Sessions(manifest, modelsUrl, backend, built.includes(precision) ? precision : built[0],
+  const sessions = new Sessions(manifest, modelsUrl, backend, [precision].flat().find((p) => built.includes(p)) ?? built[0],
     { onProgress, onLost });
   await sessions.open(open(manifest));
   return { manifest, tokenizer, sessions };
@@ -54,7 +54,7 @@ export class Sessions {
     this.manifest = manifest;
     this.modelsUrl = modelsUrl;
     this.backend = backend;      // 'webgpu' | 'wasm'
-    this.precision = precision;  // 'fp32' | 'fp16'
+    this.precision = precision;  // 'fp32' | 'fp16' | 'q4'
     this.graphs = manifest.precisions[precision].graphs;  // name -> {file, weights, inputs, outputs}
     this.dtype = manifest.precisions[precision].dtype;    // of every float input and output, the KV cache's
     this.onProgress = onProgress;
