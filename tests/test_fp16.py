@@ -72,14 +72,16 @@ def test_page_picks_fp16_only_with_shader_f16(browser, tiny_url):
     try:
         # the rule itself, on both kinds of adapter (SwiftShader has only one of them)
         pick = "([req, backend, f16]) => import('./runtime.mjs').then((m) => m.choosePrecision(req, backend, f16))"
-        assert page.page.evaluate(pick, [None, "webgpu", True]) == {"precision": "fp16", "precisionNote": "fp16: the adapter has shader-f16"}
-        assert page.page.evaluate(pick, [None, "webgpu", False]) == {"precision": "fp32", "precisionNote": "fp32: the adapter lacks shader-f16"}
-        assert page.page.evaluate(pick, [None, "wasm", True])["precision"] == "fp32"
-        assert page.page.evaluate(pick, ["fp32", "webgpu", True])["precision"] == "fp32"
+        # (q4: the 4-bit graph first where the site has it, a GGUF base's: tests/test_gguf.py; not this one's)
+        assert page.page.evaluate(pick, [None, "webgpu", True]) == {"precision": "fp16", "precisionNote": "fp16: the adapter has shader-f16", "q4": True}
+        assert page.page.evaluate(pick, [None, "webgpu", False]) == {"precision": "fp32", "precisionNote": "fp32: the adapter lacks shader-f16", "q4": True}
+        assert page.page.evaluate(pick, [None, "wasm", True]) == {"precision": "fp32", "precisionNote": "fp32 on WASM"}
+        assert page.page.evaluate(pick, ["fp32", "webgpu", True]) == {"precision": "fp32", "precisionNote": "fp32, as requested"}
         # and the page on this adapter follows it, and loads the graphs of the precision it picked
         has_f16 = page.page.evaluate("async () => (await navigator.gpu.requestAdapter()).features.has('shader-f16')")
         info = page.info
-        assert {k: info[k] for k in ("precision", "precisionNote")} == page.page.evaluate(pick, [None, "webgpu", has_f16]), info
+        want = page.page.evaluate(pick, [None, "webgpu", has_f16])
+        assert {k: info[k] for k in ("precision", "precisionNote")} == {k: want[k] for k in ("precision", "precisionNote")}, info
         assert info["precision"] in page.page.inner_text("#status")
         wanted = ".fp16.onnx" if has_f16 else "models/base.onnx"
         assert any(r.endswith(wanted) for r in page.requests), page.requests

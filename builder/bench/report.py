@@ -149,6 +149,8 @@ def peers_table(data: dict) -> str:
 def memory_table(mem: dict) -> str:
     ctx = mem["context_length"]
     rows = [("weights in memory (fp32)", mem["base_weights_bytes"], mem["mtp_weights_bytes"], mem["drafter_weights_bytes"]),
+            *([("weights in memory, WebGPU (base q4)", mem["base_q4_weights_bytes"], mem["mtp_weights_bytes"],
+                mem["drafter_weights_bytes"])] if "base_q4_weights_bytes" in mem else []),
             *([("weights files downloaded", mem["base_download_bytes"], mem["mtp_download_bytes"],
                 mem["drafter_download_bytes"])] if "base_download_bytes" in mem else []),
             ("KV cache per token", mem["kv_bytes_per_token_base"], 0, mem["kv_bytes_per_token_drafter"]),
