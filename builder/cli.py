@@ -94,8 +94,8 @@ def build_parser() -> Parser:
                    help="torch: the PyTorch modules; onnx: the exported ONNX graphs with onnxruntime on the CPU")
     g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "q4"],
                    help="--backend onnx: the fp32 graphs or their fp16 variants (what the page runs on WebGPU "
-                        "with shader-f16), or q4 (a base imported from a GGUF, exported with fp32: its Q4_1 "
-                        "weights in 4 bits, MatMulNBits, what the page runs on WebGPU); the exactness rule "
+                        "with shader-f16), or q4 (a base imported from a GGUF, exported with fp32: its graph "
+                        "on the file's 4- and 8-bit blocks, what the page runs on WebGPU; slow on the CPU); the exactness rule "
                         "compares within one precision")
     g.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export that --backend onnx runs (graphs, weights files, manifest.json); "

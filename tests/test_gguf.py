@@ -195,10 +195,10 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
     assert node_unpack(onnx_dir / rows["file"], rows, files["head.data"]["bytes"]) == files["head.data"]["sha256"]
     # q4 (export/nbits.py): the base's graph on its Q4_1 weights in 4 bits, its file rebuilt from the same blocks
     q4 = files["base.q4.data"]["packed"]
-    assert q4["file"] == packed["file"] and {"q4_1.q", "q4_1.d", "q4_1.mT", "q8_0"} <= {s["kind"] for s in q4["segments"]}
+    assert q4["file"] == packed["file"] and {"q4_1.q", "q4_1.d", "q4_1.mT", "q8_0.q", "q8_0.d"} <= {s["kind"] for s in q4["segments"]}
     assert node_unpack(onnx_dir / q4["file"], q4, files["base.q4.data"]["bytes"]) == files["base.q4.data"]["sha256"]
     q4_weights = sum(files[f]["bytes"] for f in json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["q4"]["graphs"]["base"]["weights"])
-    assert q4_weights < 0.4 * files["base.data"]["bytes"], q4_weights  # the embedding stays fp32 (113 of 193 MB)
+    assert q4_weights < 0.22 * files["base.data"]["bytes"], q4_weights  # 112 MB of 538
     tok = load_tokenizer(SMOL)
     backends = {"torch": TorchBackend(smol, head=head), "onnx": OnnxBackend(onnx_dir, "head", 4, "fp32"),
                 "onnx q4": OnnxBackend(onnx_dir, "head", 4, "q4")}
@@ -313,11 +313,13 @@ def test_the_page_rebuilds_fp32_weights_from_q4_1_and_q8_0_blocks_bit_for_bit(tm
     assert got == hashlib.sha256(bytes(data)).hexdigest()
 
 
-def test_the_q4_graph_computes_the_q4_1_weights_with_matmulnbits_and_the_page_rebuilds_its_file(tmp_path):
-    """export/nbits.py on a graph of one Transpose-MatMul by a Q4_1 weight (gguf-quantized, 11 blocks a row:
-    zero points of an odd count) and one by a raw weight: MatMulNBits plus the minima's correction gives
-    onnxruntime x @ W.T of the dequantized W (to rounding), the raw weight is copied, and blocks.mjs
-    rebuilds the q4 weights file from the fp32 file's blocks bit for bit."""
+def test_the_q4_graph_computes_on_the_blocks_and_the_page_rebuilds_its_file(tmp_path):
+    """export/nbits.py on a graph like the base's: a MatMul by a Q4_1 weight (gguf-quantized, 11 blocks a
+    row: zero points of an odd count), one by a raw weight, and a tied Q8_0 embedding read by a Gather and
+    by the last MatMul. MatMulNBits (4-bit plus the minima's correction; 8-bit) and GatherBlockQuantized
+    give onnxruntime the fp32 graph's values (to rounding; the Gather exactly), the raw weight is copied,
+    the Q8_0 bytes are stored once for both uses, and blocks.mjs rebuilds the q4 weights file from the fp32
+    file's blocks bit for bit."""
     import hashlib
 
     import onnx
@@ -331,29 +333,41 @@ def test_the_q4_graph_computes_the_q4_1_weights_with_matmulnbits_and_the_page_re
     from builder.export.packed import pack
 
     rng = np.random.default_rng(1)
-    q = quantize((rng.standard_normal((256, 352)) * 0.1 + rng.standard_normal((256, 1)) * 0.05).astype(np.float32), Q.Q4_1)
-    w = dequantize(q, Q.Q4_1).astype(np.float32)
-    raw = rng.standard_normal((40, 256)).astype(np.float32)
-    blocks = {hashlib.sha256(w.tobytes()).hexdigest(): {"kind": "q4_1", "blocks": np.asarray(q, np.uint8).reshape(256, -1)}}
+    weights, blocks = {}, {}
+    for name, qtype, w in (("w", Q.Q4_1, rng.standard_normal((256, 352)) * 0.1 + rng.standard_normal((256, 1)) * 0.05),
+                           ("e", Q.Q8_0, rng.standard_normal((544, 64)))):
+        q = quantize(w.astype(np.float32), qtype)
+        weights[name] = dequantize(q, qtype).astype(np.float32)
+        blocks[hashlib.sha256(weights[name].tobytes()).hexdigest()] = {
+            "kind": "q4_1" if qtype == Q.Q4_1 else "q8_0", "blocks": np.asarray(q, np.uint8).reshape(w.shape[0], -1)}
+    weights["r"] = rng.standard_normal((64, 256)).astype(np.float32)
     nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["h"]),
-             helper.make_node("Transpose", ["r"], ["rt"], perm=[1, 0]), helper.make_node("MatMul", ["h", "rt"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", 352])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", 40])],
-                              [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(raw, "r")])
+             helper.make_node("Transpose", ["r"], ["rt"], perm=[1, 0]), helper.make_node("MatMul", ["h", "rt"], ["z"]),
+             helper.make_node("Gather", ["e", "ids"], ["emb"]), helper.make_node("Add", ["z", "emb"], ["s"]),
+             helper.make_node("Transpose", ["e"], ["et"], perm=[1, 0]), helper.make_node("MatMul", ["s", "et"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", 352]),
+                                           helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", 544]),
+                               helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, "T", 64])],
+                              [onnx.numpy_helper.from_array(w, name) for name, w in weights.items()])
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
     WeightStore(tmp_path).externalize(model, "g", "")
     onnx.save(model, tmp_path / "g.onnx")
     packed = pack(tmp_path, blocks)
     q4, origin = q4_graph(tmp_path, "g.onnx", blocks)
-    assert [n.op_type for n in q4.graph.node].count("MatMulNBits") == 1 and "w" not in {t.name for t in q4.graph.initializer}
+    ops = [n.op_type for n in q4.graph.node]
+    assert (ops.count("MatMulNBits"), ops.count("GatherBlockQuantized"), ops.count("Gather")) == (2, 1, 0), ops
+    assert not {"w", "e"} & {t.name for t in q4.graph.initializer}
     WeightStore(tmp_path).externalize(q4, "g", ".q4")
     onnx.save(q4, tmp_path / "g.q4.onnx")
-    x = rng.standard_normal((1, 5, 352)).astype(np.float32)
-    got = ort.InferenceSession(str(tmp_path / "g.q4.onnx")).run(None, {"x": x})[0]
-    want = x.astype(np.float64) @ w.T @ raw.T
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # fp32 rounding only
+    x, ids = rng.standard_normal((1, 5, 352)).astype(np.float32), np.array([[3, 543, 0, 3, 100]])
+    y, emb = ort.InferenceSession(str(tmp_path / "g.q4.onnx")).run(None, {"x": x, "ids": ids})
+    e = weights["e"]
+    want = (x.astype(np.float64) @ weights["w"].T @ weights["r"].T + e[ids]) @ e.T
+    assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()  # fp32 rounding only
+    assert np.array_equal(emb, e[ids])
     spec = q4_packed("g.q4.data", q4, origin, packed)
-    assert sorted(s["kind"] for s in spec["segments"]) == ["q4_1.d", "q4_1.mT", "q4_1.q", "raw", "zeros"]
+    assert sorted(s["kind"] for s in spec["segments"]) == ["128s", "q4_1.d", "q4_1.mT", "q4_1.q", "q8_0.d", "q8_0.q", "raw", "zeros"]
     data = (tmp_path / "g.q4.data").read_bytes()
     assert node_unpack(tmp_path / spec["file"], spec, len(data)) == hashlib.sha256(data).hexdigest()
 

@@ -201,7 +201,7 @@ def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, di
 class WeightStore:
     """Writes the initializers of many graphs as ONNX external data, each distinct tensor once: a tensor
     goes to the weights file of the first model that has it, and any later graph holding the same
-    tensor (same type, shape and bytes) points at that copy."""
+    tensor (same type and bytes, in any shape) points at that copy."""
 
     def __init__(self, out: Path):
         self.out = out
@@ -223,7 +223,7 @@ class WeightStore:
                 continue
             file = f"{owner}{'.fp16' if data.dtype == np.float16 else suffix}.data"
             raw = np.ascontiguousarray(data).tobytes()
-            key = hashlib.sha256(f"{t.data_type}{list(t.dims)}".encode() + raw).digest()
+            key = hashlib.sha256(f"{t.data_type}".encode() + raw).digest()  # the same bytes in any shape: one copy
             if key not in self.where:
                 offset = -(-self.sizes.get(file, 0) // 64) * 64  # 64-byte aligned
                 with open(self.out / file, "r+b" if file in self.sizes else "wb") as f:

@@ -1,14 +1,18 @@
-"""The base's graph with 4-bit weights: precision `q4`, for WebGPU, of a base imported from a GGUF.
+"""The base's graph on the GGUF's blocks: precision `q4`, for WebGPU, of a base imported from a GGUF.
 
-The fp32 graphs read the dequantized weights, 4 bytes each (SmolLM2: 540 MB in the GPU's memory, all of it
-read by every pass). onnxruntime's `MatMulNBits` (com.microsoft: 4-bit, block 32, WebGPU, CPU) reads the
-GGUF's Q4_1 blocks nearly as they are: each weight `d * q + m` becomes `d * (q - 0)`, computed by the
-kernel, plus the block minimum's share, `m * sum(x over the block)`, which is the block sums of the input
-times an (in / 32, out) matrix of the minima: 1/32 of the product's work. WebGPU takes only uint8 zero
-points, so they are 0 and the minima go through that correction. The values are the fp32 graph's (the same
-d, q and m); only the order of the roundings differs (1e-6 of the output), and the tokens are tested equal
-to torch's. Each Q4_1 weight of the graph so becomes three tensors, 4.25 bits a weight in the GPU's memory
-(the packed q, the scales and the minima) instead of 32; the tied embedding (Q8_0) stays fp32.
+The fp32 graphs read the dequantized weights, 4 bytes each (SmolLM2: 538 MB in the GPU's memory, all of it
+read by every pass). onnxruntime's `MatMulNBits` and `GatherBlockQuantized` (com.microsoft, blocks of 32;
+kernels on WebGPU and the CPU) read the file's blocks nearly as they are:
+
+- a Q4_1 weight (`d * q + m`, q in 0..15) as 4-bit `MatMulNBits` on q and d, with zero points 0 (WebGPU
+  takes only uint8 zero points), plus the block minimum's share, `m * sum(x over the block)`: the block
+  sums of the input times an (in / 32, out) matrix of the minima, 1/32 of the product's work;
+- a Q8_0 weight (`d * q`, q in -128..127; SmolLM2's tied embedding and LM head) as 8-bit `MatMulNBits` and
+  `GatherBlockQuantized` on q + 128 with zero points 128, one copy of its bytes for both.
+
+The values are the fp32 graph's (the same d, q and m: d * q is exact in fp32); a product only rounds in
+another order (1e-6 of the output), and the tokens are tested equal to torch's. 4.25 or 8.6 bits a weight
+in the GPU's memory instead of 32.
 
 `q4_graph` rewrites the exported fp32 base graph; `q4_packed` says how the page rebuilds its weights file
 from the blocks file it already downloads for the fp32 one (web/src/blocks.mjs): nothing more goes over
@@ -23,22 +27,31 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-BLOCK = 32  # weights per Q4_1 block (and per MatMulNBits block)
+BLOCK = 32  # weights per block, in the GGUF and in onnxruntime's operators
 
 
-def q4_1_parts(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def q4_1_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
     """A (rows, in) weight's Q4_1 blocks (uint8, rows x (in / 32 * 20): fp16 d, fp16 m, 16 bytes of q, byte j
-    holding weight j in its low nibble and j + 16 in its high one) as MatMulNBits reads them: q packed two a
-    byte in order (rows, in / 32, 16) uint8, the scales d (rows * in / 32) fp32, and the minima transposed,
-    (in / 32, rows) fp32."""
+    holding weight j in its low nibble and j + 16 in its high one) as MatMulNBits reads them: `q` packed two
+    a byte in order (rows, in / 32, 16) uint8, the scales `d` (rows * in / 32) fp32, and the minima
+    transposed, `mT` (in / 32, rows) fp32."""
     rows = blocks.shape[0]
     b = blocks.reshape(rows, -1, 20)
     d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     qs = b[..., 4:]
     q = np.concatenate([qs & 15, qs >> 4], axis=-1)  # (rows, in / 32, 32) in order
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-    return np.ascontiguousarray(packed), d.reshape(-1), np.ascontiguousarray(m.T)
+    return {"q": np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4)), "d": d.reshape(-1), "mT": np.ascontiguousarray(m.T)}
+
+
+def q8_0_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
+    """A (rows, in) weight's Q8_0 blocks (uint8, rows x (in / 32 * 34): fp16 d, 32 int8 q) as MatMulNBits
+    and GatherBlockQuantized read them: `q` + 128 (rows, in) uint8 and the scales `d` (rows, in / 32) fp32."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 34)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    return {"q": np.ascontiguousarray(q.reshape(rows, -1)), "d": d}
 
 
 def _external(t: onnx.TensorProto) -> tuple[str, int, int] | None:
@@ -49,11 +62,12 @@ def _external(t: onnx.TensorProto) -> tuple[str, int, int] | None:
 
 
 def q4_graph(out: Path, graph_file: str, blocks: dict[str, dict]) -> tuple[onnx.ModelProto, dict[str, tuple]]:
-    """The fp32 base graph out/graph_file with every MatMul by a Q4_1 weight (found by the sha256 of its fp32
-    values in `blocks`, models/gguf.packed_blocks) as MatMulNBits plus the minima's correction. Returns the
-    graph, its fp32 initializers inline (read from their weights file; fp16 ones left where they are), and
-    where each comes from: name -> (kind, (weights file, offset) of the fp32 tensor), kind "q4_1.q",
-    "q4_1.d", "q4_1.mT" (parts of a Q4_1 weight), "copy", or "zeros" (no source)."""
+    """The fp32 base graph out/graph_file with every MatMul by a Q4_1 or Q8_0 weight (found by the sha256
+    of its fp32 values in `blocks`, models/gguf.packed_blocks; a Transpose of it) and every Gather from a
+    Q8_0 one on the weight's blocks. Returns the graph, its fp32 initializers inline (read from their
+    weights file; fp16 ones left where they are), and where each comes from: name -> (kind, (weights file,
+    offset) of the fp32 tensor): kind "q4_1.q", "q4_1.d", "q4_1.mT", "q8_0.q", "q8_0.d" (parts of a
+    weight's blocks), "copy", or "zeros" / "128s" (no source)."""
     model = onnx.load(out / graph_file, load_external_data=False)
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -66,69 +80,87 @@ def q4_graph(out: Path, graph_file: str, blocks: dict[str, dict]) -> tuple[onnx.
         file, at, length = where
         if file not in files:
             files[file] = (out / file).read_bytes()
-        raw = files[file][at:at + length]
-        return np.frombuffer(raw, dtype=helper.tensor_dtype_to_np_dtype(t.data_type)).reshape(tuple(t.dims))
+        return np.frombuffer(files[file][at:at + length], dtype=helper.tensor_dtype_to_np_dtype(t.data_type)).reshape(tuple(t.dims))
 
     users: dict[str, list[onnx.NodeProto]] = {}
     for node in g.node:
         for name in node.input:
             users.setdefault(name, []).append(node)
 
-    new_inits, origin = [], {}
-    replaced: dict[str, str] = {}  # a Transpose's output (the weight, transposed) -> the weight's name
-    for node in g.node:
-        if node.op_type != "Transpose" or node.input[0] not in inits:
-            continue
-        t = inits[node.input[0]]
-        if t.data_type != onnx.TensorProto.FLOAT or len(t.dims) != 2:
-            continue
-        w = values(t)
-        digest = hashlib.sha256(np.ascontiguousarray(w).tobytes()).hexdigest()
-        hit = blocks.get(digest)
-        if hit is None or hit["kind"] != "q4_1" or w.shape[1] % BLOCK:
-            continue
-        if not all(u.op_type == "MatMul" and list(u.input).index(node.output[0]) == 1 for u in users[node.output[0]]):
-            continue
-        q, d, mT = q4_1_parts(hit["blocks"])
-        zeros = f"q4.zeros_{w.shape[0]}x{w.shape[1] // BLOCK}"
-        for suffix, kind, data in (("q4", "q4_1.q", q), ("scales", "q4_1.d", d), ("mins", "q4_1.mT", mT)):
-            new_inits.append(numpy_helper.from_array(data, f"{t.name}.{suffix}"))
-            origin[f"{t.name}.{suffix}"] = (kind, _external(t)[:2])
-        if zeros not in origin:  # 4-bit zero points, two a byte: all 0
-            new_inits.append(numpy_helper.from_array(np.zeros(w.shape[0] * -(-(w.shape[1] // BLOCK) // 2), np.uint8), zeros))
-            origin[zeros] = ("zeros", None)
-        replaced[node.output[0]] = t.name
+    def matmul_by(name: str) -> bool:  # a Transpose whose every use is a MatMul's weight
+        return all(u.op_type == "MatMul" and list(u.input).index(name) == 1 for u in users.get(name, []))
 
-    nodes, sums = [], {}  # sums: an input -> its block sums' name
-    shapes = {}
-    for node in g.node:
-        if node.op_type == "Transpose" and node.output[0] in replaced:
+    new, origin = {}, {}
+    quantized = {}  # weight name -> its kind
+    for t in g.initializer:
+        if t.data_type != onnx.TensorProto.FLOAT or len(t.dims) != 2 or t.dims[1] % BLOCK or _external(t) is None:
             continue
-        if node.op_type != "MatMul" or node.input[1] not in replaced:
+        uses = users.get(t.name, [])
+        transposes = [u for u in uses if u.op_type == "Transpose" and list(u.attribute[0].ints) == [1, 0]]
+        gathers = [u for u in uses if u.op_type == "Gather" and u.input[0] == t.name
+                   and all(a.i == 0 for a in u.attribute if a.name == "axis")]
+        if len(transposes) + len(gathers) != len(uses) or not all(matmul_by(u.output[0]) for u in transposes):
+            continue
+        hit = blocks.get(hashlib.sha256(np.ascontiguousarray(values(t)).tobytes()).hexdigest())
+        if hit is None or (hit["kind"] == "q4_1" and gathers):
+            continue
+        kind, rows, n_blocks = hit["kind"], t.dims[0], t.dims[1] // BLOCK
+        parts = (q4_1_parts if kind == "q4_1" else q8_0_parts)(hit["blocks"])
+        if kind == "q4_1":
+            zeros = (f"q4.zeros_{rows}x{n_blocks}", np.zeros(rows * -(-n_blocks // 2), np.uint8), "zeros")  # two a byte
+        else:  # MatMulNBits wants (rows, blocks, 32) and flat scales and zero points; Gather its shapes: same bytes
+            parts |= {"q_blocks": parts["q"].reshape(rows, n_blocks, BLOCK), "d_flat": parts["d"].reshape(-1)}
+            zeros = (f"q8.zp_{rows}x{n_blocks}", np.full((rows, n_blocks), 128, np.uint8), "128s")
+            new[f"{zeros[0]}_flat"] = numpy_helper.from_array(zeros[1].reshape(-1), f"{zeros[0]}_flat")
+            origin[f"{zeros[0]}_flat"] = (zeros[2], None)
+        for part, data in parts.items():
+            new[f"{t.name}.{part}"] = numpy_helper.from_array(data, f"{t.name}.{part}")
+            origin[f"{t.name}.{part}"] = (f"{kind}.{part.split('_')[0]}", _external(t)[:2])
+        new[zeros[0]] = numpy_helper.from_array(zeros[1], zeros[0])
+        origin[zeros[0]] = (zeros[2], None)
+        quantized[t.name] = kind
+
+    # the nodes: each Transpose of a quantized weight dropped; its MatMuls and the Gathers from it rewritten
+    transposed = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Transpose" and n.input[0] in quantized}
+    nodes, sums = [], {}  # sums: an input -> its block sums' name
+    for node in g.node:
+        if node.output[0] in transposed:
+            continue
+        if node.op_type == "Gather" and node.input[0] in quantized:
+            w = node.input[0]
+            rows, cols = inits[w].dims
+            nodes += [helper.make_node("GatherBlockQuantized", [f"{w}.q", node.input[1], f"{w}.d", f"q8.zp_{rows}x{cols // BLOCK}"],
+                                       list(node.output), domain="com.microsoft", bits=8, block_size=BLOCK, gather_axis=0,
+                                       quantize_axis=1, name=f"q8_{node.output[0]}")]
+            continue
+        if node.op_type != "MatMul" or node.input[1] not in transposed:
             nodes.append(node)
             continue
-        x, y, w = node.input[0], node.output[0], replaced[node.input[1]]
+        x, y, w = node.input[0], node.output[0], transposed[node.input[1]]
         out_f, in_f = inits[w].dims
-        blocks_in = in_f // BLOCK
+        n_blocks = in_f // BLOCK
+        if quantized[w] == "q8_0":
+            nodes.append(helper.make_node("MatMulNBits", [x, f"{w}.q_blocks", f"{w}.d_flat", f"q8.zp_{out_f}x{n_blocks}_flat"], [y],
+                                          domain="com.microsoft", K=in_f, N=out_f, bits=8, block_size=BLOCK, name=f"q8_{y}"))
+            continue
         if x not in sums:
-            shape = f"q4.shape_{blocks_in}"
-            if shape not in shapes:
-                shapes[shape] = numpy_helper.from_array(np.array([0, 0, blocks_in, BLOCK], np.int64), shape)
+            shape = f"q4.shape_{n_blocks}"
+            new.setdefault(shape, numpy_helper.from_array(np.array([0, 0, n_blocks, BLOCK], np.int64), shape))
             sums[x] = f"{x}.block_sums"
             nodes += [helper.make_node("Reshape", [x, shape], [f"{x}.blocks"], name=f"q4_blocks_{x}"),
                       helper.make_node("ReduceSum", [f"{x}.blocks", "q4.last_axis"], [sums[x]], keepdims=0,
                                        name=f"q4_block_sums_{x}")]
-        zeros = f"q4.zeros_{out_f}x{blocks_in}"
-        nodes += [helper.make_node("MatMulNBits", [x, f"{w}.q4", f"{w}.scales", zeros], [f"{y}.dq"], domain="com.microsoft",
-                                   K=in_f, N=out_f, bits=4, block_size=BLOCK, name=f"q4_{node.name}"),
-                  helper.make_node("MatMul", [sums[x], f"{w}.mins"], [f"{y}.mq"], name=f"q4_mins_{node.name}"),
-                  helper.make_node("Add", [f"{y}.dq", f"{y}.mq"], [y], name=f"q4_add_{node.name}")]
-    if not replaced:
+        nodes += [helper.make_node("MatMulNBits", [x, f"{w}.q", f"{w}.d", f"q4.zeros_{out_f}x{n_blocks}"], [f"{y}.dq"],
+                                   domain="com.microsoft", K=in_f, N=out_f, bits=4, block_size=BLOCK, name=f"q4_{y}"),
+                  helper.make_node("MatMul", [sums[x], f"{w}.mT"], [f"{y}.mq"], name=f"q4_mins_{y}"),
+                  helper.make_node("Add", [f"{y}.dq", f"{y}.mq"], [y], name=f"q4_add_{y}")]
+    if "q4_1" not in quantized.values():
         raise ValueError(f"{graph_file}: no MatMul reads a Q4_1 weight of the GGUF")
+    new["q4.last_axis"] = numpy_helper.from_array(np.array([-1], np.int64), "q4.last_axis")
 
     kept = []
     for t in g.initializer:
-        if t.name in replaced.values():
+        if t.name in quantized:
             continue
         where = _external(t)
         if where is not None and t.data_type == onnx.TensorProto.FLOAT:  # into the q4 graph's own file
@@ -136,8 +168,7 @@ def q4_graph(out: Path, graph_file: str, blocks: dict[str, dict]) -> tuple[onnx.
             t = numpy_helper.from_array(np.array(values(t)), t.name)
         kept.append(t)
     del g.initializer[:], g.node[:]
-    g.initializer.extend(kept + new_inits + list(shapes.values())
-                         + [numpy_helper.from_array(np.array([-1], np.int64), "q4.last_axis")])
+    g.initializer.extend(kept + list(new.values()))
     g.node.extend(nodes)
     return model, origin
 
@@ -145,8 +176,9 @@ def q4_graph(out: Path, graph_file: str, blocks: dict[str, dict]) -> tuple[onnx.
 def q4_packed(file: str, model: onnx.ModelProto, origin: dict[str, tuple], packed: dict) -> dict:
     """How the page rebuilds the q4 graph's weights file `file` (model's initializers stored there) from
     the blocks file it downloads for the fp32 graph's (`packed`, export/packed.py): each tensor from the
-    segment of the fp32 tensor it comes from, as a part of its Q4_1 blocks (kinds q4_1.q, q4_1.d,
-    q4_1.mT), as a copy of that segment (raw, q8_0), or zeros. Nothing more goes over the wire."""
+    segment of the fp32 tensor it comes from, as a part of its blocks (kinds q4_1.q, q4_1.d, q4_1.mT,
+    q8_0.q, q8_0.d), as a copy of that segment (raw, q8_0), or bytes of 0 or 128. Nothing more goes over
+    the wire."""
     segments, blocks_file = {}, set()
     for t in model.graph.initializer:
         where = _external(t)
@@ -154,8 +186,8 @@ def q4_packed(file: str, model: onnx.ModelProto, origin: dict[str, tuple], packe
             continue
         _, at, length = where
         kind, source = origin[t.name]
-        if kind == "zeros":
-            segments[at] = {"at": at, "bytes": length, "kind": "zeros"}
+        if source is None:
+            segments[at] = {"at": at, "bytes": length, "kind": kind}
             continue
         src_file, src_at = source
         if src_file not in packed:

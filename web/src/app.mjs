@@ -77,7 +77,7 @@ async function load(choice, since = 0) {
   const { manifest, sessions } = models;
   const loadMs = performance.now() - since;
   const precisionNote = sessions.precision === choice.precision ? choice.precisionNote
-    : sessions.precision === 'q4' && choice.q4 ? 'q4: 4-bit weights (MatMulNBits) on WebGPU'
+    : sessions.precision === 'q4' && choice.q4 ? "q4: the GGUF's 4- and 8-bit blocks on WebGPU"
       : `${sessions.precision}: this site has no ${choice.precision} models`;
   $('backend').textContent += ` · ${sessions.precision}`;
   $('precision').textContent = `· ${precisionNote}`;

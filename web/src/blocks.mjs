@@ -39,33 +39,39 @@ function unpackRows(kind, src, dst) {
   }
 }
 
-// The 4-bit base's weights file (precision q4, builder/export/nbits.py) comes from the same Q4_1 blocks, as
-// onnxruntime's MatMulNBits reads them: a weight of `rows` rows and `n` blocks a row becomes its q packed
-// two a byte in order (q4_1.q: rows x n x 16 bytes), its scales d (q4_1.d: rows x n fp32) and its minima
-// transposed (q4_1.mT: n x rows fp32); its zero points are zeros.
-function q4Parts(kind, src, out, rows) {
-  const n = src.length / 20 / rows;
-  const f32 = kind === 'q4_1.q' ? null : new Float32Array(out.buffer, out.byteOffset, out.length / 4);
+// The q4 base's weights file (builder/export/nbits.py) comes from the same blocks, as onnxruntime's
+// MatMulNBits and GatherBlockQuantized read them. A Q4_1 weight of `rows` rows and `n` blocks a row: its q
+// packed two a byte in order (q4_1.q: rows x n x 16 bytes), its scales d (q4_1.d: rows x n fp32) and its
+// minima transposed (q4_1.mT: n x rows fp32), zero points 0 (zeros). A Q8_0 weight: q + 128 (q8_0.q: rows
+// x n x 32 bytes) and its scales (q8_0.d: rows x n fp32), zero points 128 (128s).
+function blockParts(kind, src, out, rows) {
+  const size = kind.startsWith('q4_1') ? 20 : 34;
+  const n = src.length / size / rows;
+  const f32 = kind.endsWith('.q') ? null : new Float32Array(out.buffer, out.byteOffset, out.length / 4);
   for (let r = 0; r < rows; r += 1) {
     for (let b = 0; b < n; b += 1) {
-      const o = (r * n + b) * 20;
-      if (kind === 'q4_1.d') f32[r * n + b] = half(src[o] | (src[o + 1] << 8));
+      const o = (r * n + b) * size;
+      const i = r * n + b;
+      if (kind === 'q4_1.d' || kind === 'q8_0.d') f32[i] = half(src[o] | (src[o + 1] << 8));
       else if (kind === 'q4_1.mT') f32[b * rows + r] = half(src[o + 2] | (src[o + 3] << 8));
+      else if (kind === 'q8_0.q') for (let j = 0; j < 32; j += 1) out[i * 32 + j] = src[o + 2 + j] ^ 0x80;  // int8 + 128
       else {
         const q = (j) => (j < 16 ? src[o + 4 + j] & 15 : src[o + 4 + j - 16] >> 4);
-        for (let i = 0; i < 16; i += 1) out[(r * n + b) * 16 + i] = q(2 * i) | (q(2 * i + 1) << 4);
+        for (let j = 0; j < 16; j += 1) out[i * 16 + j] = q(2 * j) | (q(2 * j + 1) << 4);
       }
     }
   }
 }
 
-// bytes of blocks a segment of `bytes` bytes of this kind reads (rows: its rows)
+// bytes of blocks a segment of `bytes` bytes of this kind reads
 const SOURCE_BYTES = {
   q4_1: (bytes) => (bytes / 128) * 20,  // 32 fp32 values per block
   q8_0: (bytes) => (bytes / 128) * 34,
   'q4_1.q': (bytes) => (bytes / 16) * 20,
   'q4_1.d': (bytes) => (bytes / 4) * 20,
   'q4_1.mT': (bytes) => (bytes / 4) * 20,
+  'q8_0.q': (bytes) => (bytes / 32) * 34,
+  'q8_0.d': (bytes) => (bytes / 4) * 34,
 };
 
 /**
@@ -81,7 +87,10 @@ export function unpack(spec, packed, size) {
   for (const s of spec.segments) {
     if (s.at < end || s.at + s.bytes > size || s.at % 4) throw new Error(`packed weights: a segment at ${s.at} out of place`);
     end = s.at + s.bytes;
-    if (s.kind === 'zeros') continue;
+    if (s.kind === 'zeros' || s.kind === '128s') {
+      out.fill(s.kind === 'zeros' ? 0 : 128, s.at, s.at + s.bytes);
+      continue;
+    }
     if (s.kind === 'raw') {
       out.set(packed.subarray(s.from, s.from + s.bytes), s.at);
       continue;
@@ -91,7 +100,7 @@ export function unpack(spec, packed, size) {
     if (s.from + length > packed.length) throw new Error(`packed weights: the blocks file is too short`);
     const src = packed.subarray(s.from, s.from + length);
     if (s.kind in BLOCK_BYTES) unpackRows(s.kind, src, new Float32Array(out.buffer, s.at, s.bytes / 4));
-    else q4Parts(s.kind, src, out.subarray(s.at, s.at + s.bytes), s.rows);
+    else blockParts(s.kind, src, out.subarray(s.at, s.at + s.bytes), s.rows);
   }
   return out;
 }

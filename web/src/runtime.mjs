@@ -88,8 +88,8 @@ export async function chooseBackend(requested, precision) {
 
 /**
  * fp16 where the WebGPU adapter has the shader-f16 feature, fp32 otherwise, unless ?precision= says; on
- * WebGPU q4 before either (`q4: true`) where the site has it (a base imported from a GGUF: its Q4_1 weights
- * in 4 bits, MatMulNBits, builder/export/nbits.py). fp16 on WASM (only when asked for) runs the fp16 graphs
+ * WebGPU q4 before either (`q4: true`) where the site has it (a base imported from a GGUF: its graph on the
+ * file's 4- and 8-bit blocks, builder/export/nbits.py). fp16 on WASM (only when asked for) runs the fp16 graphs
  * with onnxruntime's fp32 kernels where it has no fp16 ones: not faster (a model saved in fp16 has its fp32
  * graphs read the same fp16 weights); so does q4 (WASM unpacks the 4 bits on every pass: 6x slower).
  * The site may lack a precision: `loadModels` then uses another.
