@@ -426,7 +426,7 @@ def download_bytes(onnx_dir: Path) -> dict:
     base = set(graphs["base"]["weights"])
     head = {f for name, g in graphs.items() if name.startswith("head_") for f in g["weights"]} - base
     drafter = set(graphs["drafter"]["weights"]) - base if "drafter" in graphs else set()
-    q4 = m["precisions"].get("q4")  # a GGUF base's 4-bit graph (export/nbits.py): the weights WebGPU holds
+    q4 = m["precisions"].get("q4")  # a GGUF base's graph on its blocks (export/nbits.py): the weights WebGPU holds
     return {"base_download_bytes": size(base), "mtp_download_bytes": size(head), "drafter_download_bytes": size(drafter),
             **({"base_q4_weights_bytes": sum(files[f]["bytes"] for f in q4["graphs"]["base"]["weights"])} if q4 else {})}
 

@@ -154,7 +154,7 @@ def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = N
 
 
 def export_q4(out: Path, fp32: dict, blocks: dict, packed: dict) -> tuple[dict, dict]:
-    """Precision q4 (export/nbits.py): the fp32 graphs, but the base's with its Q4_1 weights in 4 bits,
+    """Precision q4 (export/nbits.py): the fp32 graphs, but the base's on the GGUF's Q4_1 and Q8_0 blocks,
     in base.q4.onnx and base.q4.data, which the page rebuilds from the fp32 base's blocks file."""
     from .graphs import WeightStore
     from .nbits import q4_graph, q4_packed
