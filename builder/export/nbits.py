@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .packed import BLOCK as BLOCKS
+
 BLOCK = 32  # weights per block, in the GGUF and in onnxruntime's operators
 
 
@@ -36,7 +38,7 @@ def q4_1_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
     a byte in order (rows, in / 32, 16) uint8, the scales `d` (rows * in / 32) fp32, and the minima
     transposed, `mT` (in / 32, rows) fp32."""
     rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, 20)
+    b = blocks.reshape(rows, -1, BLOCKS["q4_1"][1])
     d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     qs = b[..., 4:]
@@ -48,7 +50,7 @@ def q8_0_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
     """A (rows, in) weight's Q8_0 blocks (uint8, rows x (in / 32 * 34): fp16 d, 32 int8 q) as MatMulNBits
     and GatherBlockQuantized read them: `q` + 128 (rows, in) uint8 and the scales `d` (rows, in / 32) fp32."""
     rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, 34)
+    b = blocks.reshape(rows, -1, BLOCKS["q8_0"][1])
     d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     q = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
     return {"q": np.ascontiguousarray(q.reshape(rows, -1)), "d": d}

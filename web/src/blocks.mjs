@@ -45,7 +45,7 @@ function unpackRows(kind, src, dst) {
 // minima transposed (q4_1.mT: n x rows fp32), zero points 0 (zeros). A Q8_0 weight: q + 128 (q8_0.q: rows
 // x n x 32 bytes) and its scales (q8_0.d: rows x n fp32), zero points 128 (128s).
 function blockParts(kind, src, out, rows) {
-  const size = kind.startsWith('q4_1') ? 20 : 34;
+  const size = BLOCK_BYTES[kind.split('.')[0]];
   const n = src.length / size / rows;
   const f32 = kind.endsWith('.q') ? null : new Float32Array(out.buffer, out.byteOffset, out.length / 4);
   for (let r = 0; r < rows; r += 1) {
@@ -63,16 +63,8 @@ function blockParts(kind, src, out, rows) {
   }
 }
 
-// bytes of blocks a segment of `bytes` bytes of this kind reads
-const SOURCE_BYTES = {
-  q4_1: (bytes) => (bytes / 128) * 20,  // 32 fp32 values per block
-  q8_0: (bytes) => (bytes / 128) * 34,
-  'q4_1.q': (bytes) => (bytes / 16) * 20,
-  'q4_1.d': (bytes) => (bytes / 4) * 20,
-  'q4_1.mT': (bytes) => (bytes / 4) * 20,
-  'q8_0.q': (bytes) => (bytes / 32) * 34,
-  'q8_0.d': (bytes) => (bytes / 4) * 34,
-};
+// the bytes a segment of this kind holds per block of 32 weights (the blocks it reads: BLOCK_BYTES each)
+const PER_BLOCK = { q4_1: 128, q8_0: 128, 'q4_1.q': 16, 'q4_1.d': 4, 'q4_1.mT': 4, 'q8_0.q': 32, 'q8_0.d': 4 };
 
 /**
  * The weights file `spec` describes (manifest files[name].packed), `size` bytes, from its blocks file.
@@ -95,8 +87,8 @@ export function unpack(spec, packed, size) {
       out.set(packed.subarray(s.from, s.from + s.bytes), s.at);
       continue;
     }
-    if (!(s.kind in SOURCE_BYTES)) throw new Error(`packed weights: unknown block kind ${s.kind}`);
-    const length = SOURCE_BYTES[s.kind](s.bytes);
+    if (!(s.kind in PER_BLOCK)) throw new Error(`packed weights: unknown block kind ${s.kind}`);
+    const length = (s.bytes / PER_BLOCK[s.kind]) * BLOCK_BYTES[s.kind.split('.')[0]];
     if (s.from + length > packed.length) throw new Error(`packed weights: the blocks file is too short`);
     const src = packed.subarray(s.from, s.from + length);
     if (s.kind in BLOCK_BYTES) unpackRows(s.kind, src, new Float32Array(out.buffer, s.at, s.bytes / 4));
