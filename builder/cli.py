@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -447,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head`) is caught below
+    except BrokenPipeError:  # the output's reader closed it: nothing more to say, and no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
     except UserError as e:
         sys.stderr.write(f"error: {e}\n")
         return EXIT_ERROR

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -174,6 +175,21 @@ def test_undecodable_command_line_bytes_are_replaced_not_a_traceback():
                         "--json"], cwd=ROOT, capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr.decode()
     assert json.loads(r.stdout)["prompt"] == "caf\ufffd ok"
+
+
+def test_a_reader_that_closes_the_output_gets_no_traceback():
+    """`generate --json | head -c 100`: the reader goes away before the output is written. The pipe's read end
+    is closed before the command starts, so every write to it fails (EPIPE), deterministically."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "builder", "generate", *INHOUSE, "--prompt", "The json module",
+                            "--max-new-tokens", "4", "--json"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("port", ["65536", "-1", "http"])
