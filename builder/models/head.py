@@ -90,9 +90,11 @@ def induction_scores(base: Llama, length: int = 48, batch: int = 4, seed: int = 
 def base_fingerprint(base: Llama) -> str:
     """sha256 over the base's parameter names, shapes and values to fp16 precision (independent of file
     layout and of the precision it is stored or run in: a head runs on its base in fp32 and in fp16, and a
-    base saved in fp16 after fp32 training is the same base)."""
+    base saved in fp16 after fp32 training is the same base). An attached adapter does not change it."""
     h = hashlib.sha256()
     for name, t in sorted(base.state_dict().items()):
+        if ".lora_" in name:  # an attached adapter is not the base's
+            continue
         h.update(f"{name}:{tuple(t.shape)};".encode())
         h.update(t.detach().to("cpu", torch.float16).contiguous().numpy().tobytes())
     return h.hexdigest()

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, S, n_kv_heads, head_dim)
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # what an adapter adapts
 
 
 @dataclass
@@ -147,15 +148,32 @@ def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, Hq, D)
 
 
+class Projection(nn.Linear):
+    """A frozen-able projection x W^T (+ b), plus, once an adapter is attached (`add_adapter`), its low-rank
+    update scale * (x A^T) B^T: A (r, in) and B (out, r) named `lora_A.weight` / `lora_B.weight` as PEFT names
+    them, so an adapter's tensors map one to one onto a PEFT `adapter_model.safetensors`."""
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__(in_features, out_features, bias=bias)
+        self.lora_A: nn.Linear | None = None  # (rank, in)
+        self.lora_B: nn.Linear | None = None  # (out, rank)
+        self.lora_scale = 0.0                 # alpha / rank
+
+    def forward(self, x):
+        y = super().forward(x)
+        if self.lora_A is not None:
+            y = y + self.lora_B(self.lora_A(x)) * self.lora_scale
+        return y
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Projection(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = Projection(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = Projection(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = Projection(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, past: KV | None, key_bias=None):
         B, T, _ = x.shape
@@ -178,9 +196,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Projection(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Projection(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Projection(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -319,7 +337,7 @@ def save_llama(model: Llama, directory: str | Path, extra: dict | None = None) -
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps({**model.config.to_hf(), **(extra or {})}, indent=2) + "\n")
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if ".lora_" not in k}  # the base alone
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight")
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
