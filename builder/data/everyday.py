@@ -1,0 +1,338 @@
+"""Everyday text for the features' adapters: real chat messages, real misspellings, real replies.
+
+Sources, all from registry packages (nothing is downloaded at run time):
+- `chitchat-dataset` (PyPI, MIT): 7,168 open-domain conversations between people (BYU PCC lab), 258 k
+  messages. A conversation is a list of turns, a turn one person's consecutive messages.
+- `codespell` (PyPI, GPL-2.0, its data only): its dictionary of common misspellings (`becuase->because`),
+  inverted into the misspellings of each correct word.
+- Debian's `wamerican` word list (/usr/share/dict/words): which words are spelled right.
+
+Every conversation belongs to one split by a hash of its id (`split_of`): a tenth is "eval", never trained
+on, and the held-out sets of every feature come from it alone, less any text that a training conversation
+also holds (many conversations open with the same greetings and questions).
+
+- proofread: sentences a person wrote that the word list finds no fault in (`clean_sentences`), with real
+  mistakes injected (`inject_errors`): codespell's misspellings, homophones (your/you're, their/there,
+  its/it's, then/than, ..), dropped apostrophes (dont, wont, im), lower-case day and month names and "i",
+  doubled or dropped letters. The target is the sentence as its author wrote it; a share of the pairs are
+  clean sentences whose target is themselves (a proofreader must leave correct text alone).
+- reply: a person's turn and the other person's next turn (`reply_pairs`), the reply 1-15 words, spelled right.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+WORDS = Path("/usr/share/dict/words")
+EVAL_SHARE = 10  # one conversation in EVAL_SHARE is held out
+
+# Homophones and near-homophones people confuse: each word of a group is written as another of it.
+HOMOPHONES = [("your", "you're"), ("their", "there", "they're"), ("its", "it's"), ("then", "than"),
+              ("to", "too"), ("were", "we're", "where"), ("lose", "loose"), ("affect", "effect"),
+              ("whose", "who's"), ("accept", "except"), ("hear", "here"), ("weather", "whether"),
+              ("brake", "break"), ("quite", "quiet"), ("passed", "past"), ("piece", "peace")]
+# Contractions and how a hurried thumb writes them (some are words of their own: "wont", "cant", "ill").
+NO_APOSTROPHE = {"don't": "dont", "won't": "wont", "can't": "cant", "I'm": "im", "didn't": "didnt",
+                 "doesn't": "doesnt", "isn't": "isnt", "it's": "its", "that's": "thats", "I've": "ive",
+                 "you're": "youre", "they're": "theyre", "wasn't": "wasnt", "couldn't": "couldnt",
+                 "wouldn't": "wouldnt", "shouldn't": "shouldnt", "I'll": "ill", "I'd": "id", "let's": "lets",
+                 "what's": "whats", "there's": "theres", "haven't": "havent", "aren't": "arent", "we're": "were"}
+CAPITALISED = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "January",
+               "February", "March", "April", "June", "July", "August", "September", "October", "November",
+               "December", "I"]
+APOSTROPHE_LESS = {v.lower() for v in NO_APOSTROPHE.values()} - {"its", "were", "lets", "ill", "id"}
+WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
+# Text no feature is trained on (the conversations are unmoderated).
+BLOCKED = re.compile(r"\b(fuck|shit|bitch|sex|porn|rape|nigg|fag|retard|kill|suicide|dick|cock|pussy|whore|slut)", re.I)
+
+
+def need(package: str, module: str):
+    try:
+        return __import__(module)
+    except ModuleNotFoundError:
+        raise CheckpointError(f"everyday text comes from the {package} package, which is missing: bash .ci/setup, "
+                              f"or pip install {package}") from None
+
+
+@lru_cache(maxsize=1)
+def words() -> frozenset[str]:
+    """The words Debian's word list spells right, as it writes them (proper nouns capitalised)."""
+    if not WORDS.is_file():
+        raise CheckpointError(f"missing {WORDS}: install Debian's wamerican word list (bash .ci/setup)")
+    return frozenset(w.strip() for w in WORDS.read_text(encoding="utf-8", errors="replace").splitlines() if w.strip())
+
+
+@lru_cache(maxsize=1)
+def misspellings() -> dict[str, list[str]]:
+    """correct word -> its common misspellings, from codespell's dictionary (single words, letters only)."""
+    from importlib.resources import files
+
+    need("codespell", "codespell_lib")
+    out: dict[str, list[str]] = {}
+    for line in (files("codespell_lib") / "data" / "dictionary.txt").read_text(encoding="utf-8").splitlines():
+        typo, _, fixes = line.partition("->")
+        fix = fixes.split(",")[0].strip()
+        if fix and "," not in fixes.rstrip(",") and typo.isalpha() and fix.isalpha() and typo.islower() and typo not in words():
+            out.setdefault(fix, []).append(typo)
+    return out
+
+
+def split_of(conversation_id: str) -> str:
+    return "eval" if int(hashlib.sha256(conversation_id.encode()).hexdigest(), 16) % EVAL_SHARE == 0 else "train"
+
+
+@lru_cache(maxsize=2)
+def conversations(split: str) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    """The conversations of a split, in the package's order: each a tuple of turns, each turn the texts of one
+    person's consecutive messages."""
+    dataset = need("chitchat-dataset", "chitchat_dataset")
+    data = dataset.Dataset()
+    return tuple(tuple(tuple(m["text"].strip() for m in turn if m["text"].strip()) for turn in conv["messages"])
+                 for cid, conv in data.items() if split_of(cid) == split)
+
+
+def spelled_right(text: str, sentence: bool) -> bool:
+    """Every word is in the word list (a sentence's first word may be capitalised), none is a known misspelling
+    or a contraction without its apostrophe, and "I" is capitalised."""
+    known, typos = words(), misspellings_set()
+    for i, w in enumerate(WORD.findall(text)):
+        if w == "i" or w.lower() in APOSTROPHE_LESS or w.lower() in typos:
+            return False
+        if w in known or (i == 0 and w[0].lower() + w[1:] in known):
+            continue
+        if not sentence and w.lower() in known:
+            continue
+        return False
+    return True
+
+
+@lru_cache(maxsize=1)
+def misspellings_set() -> frozenset[str]:
+    return frozenset(t for typos in misspellings().values() for t in typos)
+
+
+def is_clean_sentence(text: str, min_words: int = 4, max_words: int = 30) -> bool:
+    """A sentence a proofreader should leave alone: capitalised, ended by . ! or ?, ASCII, 4-30 words,
+    every word spelled right."""
+    n = len(text.split())
+    return (min_words <= n <= max_words and text.isascii() and text[0].isupper() and text[-1] in ".!?"
+            and "  " not in text and "http" not in text and not re.search(r"(.)\1\1", text)
+            and not re.search(r"[.!?] +[^A-Z]", text) and not BLOCKED.search(text)
+            and spelled_right(text, sentence=True))
+
+
+@lru_cache(maxsize=2)
+def clean_sentences(split: str) -> tuple[str, ...]:
+    """Every distinct clean message (one or two sentences as a person sent it) of the split's conversations."""
+    out: dict[str, None] = {}
+    for conv in conversations(split):
+        for turn in conv:
+            for text in turn:
+                if is_clean_sentence(text):
+                    out.setdefault(text)
+    if split == "eval":  # a text that a training conversation holds too ("How are you?") is not held out
+        out = {t: None for t in out if t not in set(clean_sentences("train"))}
+    return tuple(out)
+
+
+def with_case(word: str, like: str) -> str:
+    return word[0].upper() + word[1:] if like[0].isupper() else word
+
+
+def word_errors(word: str) -> dict[str, list[str]]:
+    """kind of mistake -> the ways a person might have written `word` wrong with it (kinds that do not apply
+    are left out)."""
+    lower = word.lower()
+    out: dict[str, list[str]] = {}
+    if lower in misspellings():
+        out["misspelling"] = [with_case(t, word) for t in misspellings()[lower]]
+    for group in HOMOPHONES:
+        if lower in group:
+            out["homophone"] = [with_case(w, word) for w in group if w != lower]
+    for right, wrong in NO_APOSTROPHE.items():
+        if word in (right, right.capitalize()):
+            out["apostrophe"] = [with_case(wrong, word), wrong]
+    if word in CAPITALISED:
+        out["capital"] = [word.lower()]
+    if len(word) >= 5 and word.isalpha():
+        out["letters"] = ([word[:i] + word[i + 1:] for i in range(1, len(word) - 1)]  # a dropped letter
+                          + [word[:i] + word[i] + word[i:] for i in range(1, len(word) - 1)])  # a doubled one
+    return {kind: [w for w in ways if w != word] for kind, ways in out.items() if any(w != word for w in ways)}
+
+
+# How often each kind of mistake is chosen, where the sentence offers it.
+KINDS = {"misspelling": 0.3, "homophone": 0.2, "apostrophe": 0.2, "capital": 0.1, "letters": 0.2}
+
+
+def inject_errors(sentence: str, rng: random.Random, n: int) -> str:
+    """The sentence with up to n of its words written wrong: each time a kind of mistake (KINDS) the sentence
+    still offers, then a word it applies to, then one way of writing it wrong."""
+    options = {}  # kind -> [(start, end, wrong ways)]
+    for m in WORD.finditer(sentence):
+        for kind, ways in word_errors(m.group()).items():
+            options.setdefault(kind, []).append((m.start(), m.end(), ways))
+    chosen: dict[int, tuple[int, str]] = {}
+    for _ in range(n):
+        kinds = [k for k in KINDS if any(start not in chosen for start, _, _ in options.get(k, []))]
+        if not kinds:
+            break
+        kind = rng.choices(kinds, weights=[KINDS[k] for k in kinds])[0]
+        start, end, ways = rng.choice([o for o in options[kind] if o[0] not in chosen])
+        chosen[start] = (end, rng.choice(ways))
+    for start, (end, wrong) in sorted(chosen.items(), reverse=True):
+        sentence = sentence[:start] + wrong + sentence[end:]
+    return sentence
+
+
+def proofread_pairs(split: str, n: int, seed: int, clean_share: float = 0.15) -> list[tuple[str, str]]:
+    """n (sentence with mistakes, the sentence as written) pairs of the split, clean_share of them clean."""
+    rng = random.Random(seed)
+    sentences = list(clean_sentences(split))
+    rng.shuffle(sentences)
+    pairs = []
+    for s in sentences:
+        if len(pairs) == n:
+            break
+        if rng.random() < clean_share:
+            pairs.append((s, s))
+            continue
+        wrong = inject_errors(s, rng, rng.choices([1, 2, 3], weights=[0.5, 0.35, 0.15])[0])
+        if wrong != s:
+            pairs.append((wrong, s))
+    return pairs
+
+
+def reply_pairs(split: str, n: int, seed: int, max_words: int = 15) -> list[tuple[str, str]]:
+    """n (message, reply) pairs of the split: a person's turn that ends in a question (its messages joined,
+    3-60 words: questions get answers that answer them; other turns are often answered with a change of
+    subject) and the other person's next turn (1-max_words words, spelled right, first letter capitalised)."""
+    out: dict[str, str] = {}
+    for conv in conversations(split):
+        for turn, answer in zip(conv, conv[1:]):
+            message, reply = " ".join(turn), " ".join(answer)
+            if not (3 <= len(message.split()) <= 60 and 1 <= len(reply.split()) <= max_words and "?" in turn[-1]):
+                continue
+            if BLOCKED.search(message + " " + reply) or re.search(r"anyone (here|there)|are you there", reply, re.I):
+                continue
+            if not (message.isascii() and reply.isascii()) or "http" in message + reply or re.search(r"(.)\1\1\1", reply):
+                continue
+            if spelled_right(reply, sentence=False):
+                out.setdefault(message, reply[0].upper() + reply[1:])
+    if split == "eval":  # a message that a training conversation holds too is not held out
+        out = {m: r for m, r in out.items() if m not in training_turns()}
+    pairs = sorted(out.items())
+    random.Random(seed).shuffle(pairs)
+    return pairs[:n]
+
+
+@lru_cache(maxsize=1)
+def training_turns() -> frozenset[str]:
+    """Every turn of the training conversations, its messages joined (as reply_pairs joins them)."""
+    return frozenset(" ".join(turn) for conv in conversations("train") for turn in conv)
+
+
+# --- summarize: notification stacks ------------------------------------------------------------------
+
+# First names for the senders of a stack (the conversations' people are anonymous).
+NAMES = ["Alex", "Sam", "Maya", "Leo", "Emma", "Noah", "Olivia", "Liam", "Ava", "Ethan", "Mia", "Lucas", "Zoe",
+         "Ben", "Chloe", "Jack", "Grace", "Ryan", "Lily", "Owen", "Nora", "Adam", "Ella", "David", "Sara", "Omar",
+         "Priya", "Chen", "Hana", "Diego", "Lena", "Tom", "Anna", "Kai", "Ruth", "Jamal", "Ines", "Marco", "Yuki", "Fatima"]
+STORES = ["Green Market", "City Books", "Bright Electronics", "Corner Pharmacy", "Urban Shoes", "Home Depot", "Pet Pal",
+          "Fresh Bakery", "Sunny Garden Center", "Blue Sky Travel"]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+
+
+def notice(rng: random.Random) -> str:
+    """A notice as apps send them: delivery, bank, calendar, travel, appointment, bill (slots filled at random)."""
+    store, day, name = rng.choice(STORES), rng.choice(DAYS), rng.choice(NAMES)
+    date = f"{rng.choice(MONTHS)} {rng.randint(1, 28)}"
+    hour = f"{rng.randint(1, 12)}:{rng.choice(['00', '15', '30', '45'])} {rng.choice(['AM', 'PM'])}"
+    amount = f"${rng.randint(3, 400)}.{rng.randint(0, 99):02d}"
+    order = rng.randint(1000, 99999)
+    return rng.choice([
+        f"Your order #{order} from {store} has shipped. Estimated delivery: {day}.",
+        f"Your package from {store} was delivered at {hour}. It was left at the front door.",
+        f"Card alert: a payment of {amount} to {store} was made with your card ending {rng.randint(1000, 9999)} on {date}.",
+        f"Reminder: {rng.choice(['Dentist', 'Doctor', 'Haircut', 'Car service'])} appointment on {day} at {hour}. Reply C to confirm.",
+        f"Your flight {rng.choice(['UA', 'DL', 'BA', 'LH'])}{rng.randint(100, 999)} to {rng.choice(['Boston', 'Denver', 'Chicago', 'Seattle', 'London'])} "
+        f"is delayed. New departure: {hour}, gate {rng.choice('ABCD')}{rng.randint(1, 40)}.",
+        f"Your {rng.choice(['electricity', 'phone', 'internet', 'water'])} bill of {amount} is due on {date}. Pay in the app to avoid a late fee.",
+        f"{name} invited you to \"{rng.choice(['Team lunch', 'Book club', 'Birthday dinner', 'Game night'])}\" on {day} at {hour}.",
+        f"Your ride is arriving in {rng.randint(2, 9)} minutes. Look for a {rng.choice(['white', 'black', 'silver', 'blue'])} "
+        f"{rng.choice(['Toyota', 'Honda', 'Ford', 'Kia'])}, plate {rng.choice('ABCDEFG')}{rng.randint(100, 999)}{rng.choice('XYZ')}.",
+    ])
+
+
+def message_stack(conv: tuple[tuple[str, ...], ...], rng: random.Random) -> str | None:
+    """2-5 consecutive messages of a conversation as a phone stacks them, "Name: message" a line (two
+    people, each a name), or None when the conversation has no such window of clean, short messages."""
+    flat = [(i % 2, m) for i, turn in enumerate(conv) for m in turn]
+    ok = lambda m: 2 <= len(m.split()) <= 30 and m.isascii() and "http" not in m and not BLOCKED.search(m)  # noqa: E731
+    n = rng.randint(2, 5)
+    starts = [s for s in range(len(flat) - n + 1) if all(ok(m) for _, m in flat[s:s + n]) and len({w for w, _ in flat[s:s + n]}) == 2]
+    if not starts:
+        return None
+    s = rng.choice(starts)
+    names = rng.sample(NAMES, 2)
+    return "\n".join(f"{names[who]}: {m}" for who, m in flat[s:s + n])
+
+
+def summary_inputs(split: str, n: int, seed: int, notice_share: float = 0.3) -> list[str]:
+    """n notification stacks of the split: message stacks of its conversations and, notice_share of them,
+    notices (one, or two from different apps)."""
+    rng = random.Random(seed)
+    convs = list(conversations(split))
+    rng.shuffle(convs)
+    out: dict[str, None] = {}
+    for conv in convs:
+        if len(out) >= n:
+            break
+        if rng.random() < notice_share:
+            out.setdefault("\n".join(notice(rng) for _ in range(rng.choice([1, 1, 2]))))
+        stack = message_stack(conv, rng)
+        if stack:
+            out.setdefault(stack)
+    return list(out)[:n]
+
+
+NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+
+
+def summary_faults(stack: str, summary: str) -> list[str]:
+    """What makes a summary unfaithful or unusable for a notification (none: it passes): more than one
+    sentence or more than 25 words, a number or a name that the stack does not hold, a copy of one of its
+    messages (or, in a stack of several, a piece of one that says nothing of the others), an assistant's talk."""
+    faults = []
+    words = summary.split()
+    if not 3 <= len(words) <= 25:
+        faults.append(f"{len(words)} words")
+    if re.search(r"[.!?](\s|$)", summary.rstrip(".!? ")) or "\n" in summary.strip():
+        faults.append("more than one sentence")
+    for number in NUMBER.findall(summary):
+        if number not in stack:
+            faults.append(f"number {number} not in the stack")
+    known = words_lower()
+    for i, w in enumerate(WORD.findall(summary)):
+        if w[0].isupper() and w.lower() not in known and w not in stack and w != "I":
+            faults.append(f"name {w} not in the stack")
+    norm = lambda t: " ".join(WORD.findall(t.lower()))  # noqa: E731
+    lines = stack.splitlines()
+    for line in lines:
+        message = norm(line.split(": ", 1)[-1])
+        if message and (norm(summary) == message or (len(lines) > 1 and norm(summary) in message)):
+            faults.append("a copy of one message")
+    if re.search(r"\b(assistant|as an ai|chatbot|i'm sorry|i can't|summary:)", summary, re.I):
+        faults.append("assistant talk")
+    return faults
+
+
+@lru_cache(maxsize=1)
+def words_lower() -> frozenset[str]:
+    """The word list's words that are not only names (written in lower case there)."""
+    return frozenset(w for w in words() if w.islower())
