@@ -102,6 +102,8 @@ def build_parser() -> Parser:
                    help="the ONNX export that --backend onnx runs (graphs, weights files, manifest.json); "
                         "exported there from --base (and --head or --drafter) when it is missing or was "
                         "exported from other checkpoints. Every file is checked against the manifest's sha256.")
+    g.add_argument("--adapter", help="a feature's adapter directory (models/adapters/TASK): decode with the "
+                                     "feature's production model, the frozen base plus this adapter (--backend torch)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
 
     t = sub.add_parser("train-base", help="reproduce models/inhouse/base (tokenizer and model), the in-house 10 M base "
@@ -193,6 +195,22 @@ def build_parser() -> Parser:
     r.add_argument("--onnx-dir", default="build/onnx", help="the ONNX export (made when missing or stale)")
     r.add_argument("--site-dir", default="build/site", help="the site the browser runtimes load (rebuilt)")
 
+    a = sub.add_parser("train-adapter", help="train a feature's adapter (LoRA) on the frozen base: models/adapters/TASK")
+    a.add_argument("--task", required=True, choices=["proofread", "reply"], help="the feature")
+    a.add_argument("--base", default="models/base", help="base checkpoint directory (frozen)")
+    a.add_argument("--out", help="where the adapter goes (default models/adapters/TASK)")
+    a.add_argument("--run-dir", help="the resumable run's checkpoint (default runs/adapter-TASK)")
+    a.add_argument("--steps", type=positive_int, help="optimizer steps (default 600)")
+    a.add_argument("--minutes", type=float, help="train for this many minutes instead of --steps")
+    a.add_argument("--examples", type=positive_int, help="training pairs (default 8000)")
+    a.add_argument("--eval-examples", type=positive_int, help="held-out pairs the card measures (default 200)")
+    a.add_argument("--batch-size", type=positive_int)
+    a.add_argument("--lr", type=float)
+    a.add_argument("--rank", type=positive_int, help="the adapter's rank (default 8)")
+    a.add_argument("--threads", type=positive_int, help="PyTorch CPU threads (default: all cores)")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--restart", action="store_true", help="discard the run's checkpoint and start over")
+
     d = sub.add_parser("train-drafter", help="reproduce models/drafter: the independent drafter baseline")
     d.add_argument("--base", default="models/base", help="the base whose greedy outputs the drafter learns")
     d.add_argument("--drafter", default="models/drafter", help="where the trained drafter is written")
@@ -252,6 +270,13 @@ def cmd_generate(args) -> None:
     if args.precision != "fp32" and args.backend != "onnx":
         raise PromptError(f"--precision {args.precision} needs --backend onnx (the torch backend runs fp32)")
     model = load_llama(base_dir)
+    if args.adapter:
+        from .models.adapter import load_adapter
+        from .models.head import base_fingerprint
+
+        if args.backend != "torch":
+            raise PromptError("--adapter runs on --backend torch: the exported graphs hold the base alone")
+        load_adapter(model, args.adapter, base_fingerprint(model))
     eos = model.config.eos_token_id
     source = MODES[args.mode]
     head = load_head(args.head, model) if source == "head" else None
@@ -288,7 +313,8 @@ def cmd_generate(args) -> None:
                               "lookup": bool(source) and args.lookup, "lookups": out.lookups,
                               "draft_cut": args.draft_cut if source == "head" else 0.0,
                               "verified": out.verified,
-                              "backend": args.backend, "precision": args.precision, "prompt_ids": prompt_ids,
+                              "backend": args.backend, "precision": args.precision, "adapter": args.adapter,
+                              "prompt_ids": prompt_ids,
                               "ids": out.ids, "text": text,
                               "steps": out.steps, "accepted": out.accepted, "stopped": out.stopped,
                               "margins": out.margins, "seconds": round(seconds, 4)}, ensure_ascii=False), flush=True)
@@ -431,8 +457,26 @@ def cmd_train_drafter(args) -> None:
     print(f"wrote {args.drafter}: tau at k=4 " + ", ".join(f"{t} {v:.2f}" for t, v in k4.items()))
 
 
+def cmd_train_adapter(args) -> None:
+    import torch
+
+    from .train.adapter import AdapterTrainConfig, train_adapter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    given = {"steps": args.steps, "examples": args.examples, "eval_examples": args.eval_examples,
+             "batch_size": args.batch_size, "lr": args.lr, "rank": args.rank}
+    cfg = AdapterTrainConfig(task=args.task, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
+    out = Path(args.out or f"models/adapters/{args.task}")
+    log = train_adapter(Path(args.base), out, Path(args.run_dir or f"runs/adapter-{args.task}"), cfg,
+                        minutes=args.minutes, restart=args.restart)
+    shares = lambda q: ", ".join(f"{k} {v:.0%}" for k, v in q["shares"].items())  # noqa: E731
+    print(f"wrote {out} ({log['train_minutes']} min, {log['steps']} steps): held out, base {shares(log['base'])}; "
+          f"with the adapter {shares(log['adapter'])}")
+
+
 COMMANDS = {"generate": cmd_generate, "build": cmd_build, "serve": cmd_serve, "train-base": cmd_train_base, "train-head": cmd_train_head,
-            "train-drafter": cmd_train_drafter, "bench": cmd_bench}
+            "train-drafter": cmd_train_drafter, "train-adapter": cmd_train_adapter, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,234 @@
+"""Train a feature's adapter (LoRA) on the frozen base: the feature's production model is base + adapter.
+
+Data (data/everyday.py): the training split's pairs of the feature, as the task's chat prompt
+(data/tasks.py) and the answer the feature should give, ended by the base's end token. The loss is
+cross-entropy on the answer's tokens alone. The task's prompt prefix (the chat template's system turn and
+the instruction) is the same for every example: each step runs it once, with the adapter as it stands and
+no gradient, and every sequence of the batch goes on from its cache; the prefix is a third to a half of
+a sequence, so this saves that much of each step (the adapter still shapes the prefix's cache at every
+step; only the gradient through it is left out).
+
+The base's parameters have requires_grad off and are checked bit-for-bit unchanged at the end. The run is
+the one training loop's (loop.py): checkpointed (the adapter's tensors and its optimizer only) in the run
+directory every few minutes and on Ctrl-C or SIGTERM, resumed by the same command.
+
+Quality (`quality`): the held-out pairs of the feature (conversations no training saw), decoded greedily by
+the base and by the production model, scored by the feature's checks (`SCORES`); the card shows both and
+samples.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..data.everyday import proofread_pairs, reply_pairs
+from ..data.tasks import decode, encode_prompt, encode_text, load_tokenizer
+from ..errors import CheckpointError, UserError
+from ..models.adapter import add_adapter, projections, remove_adapter, save_adapter
+from ..models.head import base_fingerprint
+from ..models.llama import Llama, load_llama
+from .distill import greedy_continuations
+from .loop import Run, Schedule, train
+
+logger = logging.getLogger(__name__)
+
+FEATURES = ("proofread", "reply")  # the features with an adapter (`continue` is the plain chat model)
+PAIRS = {"proofread": proofread_pairs, "reply": reply_pairs}
+NEW_TOKENS = {"proofread": 64, "reply": 40}  # the longest answer quality() lets a model write
+
+
+@dataclass
+class AdapterTrainConfig:
+    task: str
+    examples: int = 8000      # training pairs (fewer when the split has fewer)
+    steps: int = 600
+    batch_size: int = 16      # sequences per step
+    lr: float = 1e-3
+    warmup: int = 30
+    rank: int = 8             # the adapter's rank on every projection
+    alpha: float = 16.0       # its scale is alpha / rank
+    seed: int = 0
+    eval_examples: int = 200  # held-out pairs quality() decodes
+
+
+def encode_pair(tok, task: str, text: str, answer: str, eos: int) -> tuple[list[int], list[int]]:
+    """(the prompt's ids after the task's prefix, the answer's ids ended by eos)."""
+    prompt = encode_prompt(tok, task, text)[len(tok.tasks[task]["prefix"]):]
+    return prompt, encode_text(tok, answer) + [eos]
+
+
+def batches(examples: list[tuple[list[int], list[int]]], batch: int, seed: int, pad: int):
+    """batch(step) -> (ids (B, T), answer mask (B, T)): each epoch a fresh order (a function of the seed and
+    the epoch alone, so a resumed run sees what an unstopped one would), right-padded."""
+    def batch_at(step: int):
+        epoch, i = divmod(step * batch, len(examples))
+        order = list(range(len(examples)))
+        random.Random(seed * 1000 + epoch).shuffle(order)
+        rows = [examples[order[(i + j) % len(order)]] for j in range(batch)]
+        T = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((batch, T), pad, dtype=torch.long)
+        answer = torch.zeros(batch, T, dtype=torch.bool)
+        for r, (p, a) in enumerate(rows):
+            ids[r, :len(p) + len(a)] = torch.tensor(p + a)
+            answer[r, len(p):len(p) + len(a)] = True
+        return ids, answer
+    return batch_at
+
+
+def answer_loss(base: Llama, prefix: list[int], ids: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the answers' tokens, each predicted from the prefix and everything before it."""
+    with torch.no_grad():
+        _, _, cache = base(torch.tensor([prefix]))
+    B = ids.shape[0]
+    past = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in cache]
+    # the token at t predicts the token at t+1: logits where the next token is an answer's
+    targets = answer[:, 1:]
+    logits, _, _ = base(ids[:, :-1], past, logits_at=targets)
+    return F.cross_entropy(logits, ids[:, 1:][targets])
+
+
+class AdapterWeights(nn.Module):
+    """The attached adapter's tensors as one module: what the run's checkpoint holds (not the base)."""
+
+    def __init__(self, base: Llama):
+        super().__init__()
+        self.parts = nn.ModuleList(m for _, p in projections(base) for m in (p.lora_A, p.lora_B))
+
+
+# --- quality: the feature's checks on held-out pairs ---------------------------------------------------
+
+ASSISTANT = re.compile(r"\b(as an ai|an ai\b|ai assistant|language model|chatbot|assistant|i'm here to help|"
+                       r"how (can|may) i (help|assist)|happy to help|i don't have (the ability|personal)|"
+                       r"i'm (just )?a (computer|program|bot)|trained by|smollm|hugging face|inconvenience)", re.I)
+
+
+def proofread_score(text: str, answer: str, target: str) -> dict:
+    """A fixed sentence is right when it is the target exactly; a clean one when it is left as it was."""
+    return {"kind": "clean" if text == target else "fix", "ok": answer.strip() == target}
+
+
+def reply_score(text: str, answer: str, target: str) -> dict:
+    """A reply is right when it is 1-20 words and never speaks as an assistant or chatbot."""
+    words = len(answer.split())
+    return {"kind": "reply", "ok": 1 <= words <= 20 and not ASSISTANT.search(answer), "words": words}
+
+
+SCORES = {"proofread": proofread_score, "reply": reply_score}
+
+
+def held_out(task: str, n: int) -> list[tuple[str, str]]:
+    """The feature's held-out pairs (the eval split, a fixed seed): what the card measures."""
+    return PAIRS[task]("eval", n, seed=12345)
+
+
+def digest(pairs: list[tuple[str, str]]) -> str:
+    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
+
+
+def answers(model: Llama, tok, task: str, texts: list[str], eos: int) -> list[str]:
+    """The model's greedy answers to the task's prompts (batched, left-padded: distill.greedy_continuations)."""
+    prompts = [encode_prompt(tok, task, t) for t in texts]
+    with torch.no_grad():
+        out = greedy_continuations(model, prompts, NEW_TOKENS[task], eos, batch=16)
+    return [decode(tok, seq[n:]).strip() for n, seq in out]
+
+
+def quality(model: Llama, tok, task: str, pairs: list[tuple[str, str]], eos: int) -> dict:
+    """The feature's scores on pairs: the share right, per kind, with every answer."""
+    got = answers(model, tok, task, [t for t, _ in pairs], eos)
+    rows = [{"text": t, "target": g, "answer": a, **SCORES[task](t, a, g)} for (t, g), a in zip(pairs, got)]
+    kinds = {}
+    for r in rows:
+        kinds.setdefault(r["kind"], []).append(r["ok"])
+    return {"shares": {k: round(sum(v) / len(v), 4) for k, v in kinds.items()},
+            "counts": {k: len(v) for k, v in kinds.items()}, "rows": rows}
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+def train_adapter(base_dir: Path, out: Path, run_dir: Path, cfg: AdapterTrainConfig, *, minutes: float | None = None,
+                  restart: bool = False, stop_at: int | None = None) -> dict:
+    """Trains the feature's adapter on the frozen base, measures base and production model on the held-out
+    pairs, saves the adapter (fp16) with its log and card in out; returns the log."""
+    if cfg.task not in PAIRS:
+        raise UserError(f"no adapter for the task {cfg.task!r}: choose one of {', '.join(PAIRS)}")
+    torch.manual_seed(cfg.seed)
+    tok = load_tokenizer(base_dir)
+    if cfg.task not in tok.tasks:
+        raise UserError(f"the base in {base_dir} does not offer the task {cfg.task!r} (a chat model does)")
+    base = load_llama(base_dir)
+    eos = base.config.eos_token_id
+    fingerprint = base_fingerprint(base)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+
+    pairs = PAIRS[cfg.task]("train", cfg.examples, seed=cfg.seed)
+    evaluation = held_out(cfg.task, cfg.eval_examples)
+    if set(t for t, _ in pairs) & set(t for t, _ in evaluation):
+        raise CheckpointError("a held-out text is among the training pairs")  # split_of keeps them apart
+    examples = [encode_pair(tok, cfg.task, t, a, eos) for t, a in pairs]
+    prefix = tok.tasks[cfg.task]["prefix"]
+    logger.info("%s: %d training pairs, %d held out", cfg.task, len(examples), len(evaluation))
+
+    params = add_adapter(base, cfg.rank, cfg.alpha, seed=cfg.seed)
+    weights = AdapterWeights(base)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    key = {"base": fingerprint, "config": {k: v for k, v in asdict(cfg).items() if k != "eval_examples"},
+           "data": digest(pairs)}
+    run = Run(run_dir, key)
+    if restart and run.path.is_file():
+        run.path.unlink()
+    batch = batches(examples, cfg.batch_size, cfg.seed, pad=eos)
+
+    def step_loss(step: int):
+        ids, answer = batch(step)
+        loss = answer_loss(base, prefix, ids, answer)
+        return loss, {"loss": loss.item()}
+
+    state = train(weights, opt, step_loss, Schedule(cfg.lr, cfg.warmup), run, steps=0 if minutes else cfg.steps,
+                  minutes=minutes, every_minutes=5.0, stop_at=stop_at, desc=f"adapter {cfg.task}")
+    base.eval()
+    for k, v in base.state_dict().items():
+        if k in before and not torch.equal(v, before[k]):
+            raise RuntimeError(f"the base's {k} changed while its adapter trained")
+    if stop_at is not None and state.step < state.steps:
+        return {"stopped_at": state.step}
+
+    save_adapter(base, out, cfg.rank, cfg.alpha, {"task": cfg.task, "base_fingerprint": fingerprint})
+    from ..models.adapter import load_adapter  # the shipped (fp16) values, as every backend computes them
+    remove_adapter(base)
+    started = time.time()
+    base_quality = quality(base, tok, cfg.task, evaluation, eos)
+    load_adapter(base, out, fingerprint)
+    adapter_quality = quality(base, tok, cfg.task, evaluation, eos)
+    log = {"task": cfg.task, "config": asdict(cfg), "base_fingerprint": fingerprint,
+           "train_pairs": len(examples), "train_digest": digest(pairs), "held_out": len(evaluation),
+           "held_out_digest": digest(evaluation), "steps": state.step, "train_minutes": round(state.train_seconds / 60, 1),
+           "final_loss": round(state.mean_loss(), 4), "eval_minutes": round((time.time() - started) / 60, 1),
+           "adapter_bytes": (out / "adapter_model.safetensors").stat().st_size,
+           "adapter_params": sum(p.numel() for p in params),
+           "base": {k: v for k, v in base_quality.items() if k != "rows"},
+           "adapter": {k: v for k, v in adapter_quality.items() if k != "rows"},
+           "samples": [{"text": a["text"], "base": b["answer"], "adapter": a["answer"], "ok": a["ok"]}
+                       for a, b in zip(adapter_quality["rows"], base_quality["rows"])]}
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    write_card(out, log)
+    return log
+
+
+def write_card(out: Path, log: dict) -> None:
+    """The adapter's card, rendered from templates/adapter_card.md.j2 (the numbers come from the log)."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), undefined=StrictUndefined,
+                      keep_trailing_newline=True)
+    (out / "README.md").write_text(env.get_template("adapter_card.md.j2").render(log=log))

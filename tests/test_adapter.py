@@ -1,0 +1,173 @@
+"""Feature adapters (LoRA on the frozen base) and the everyday data they learn from."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from builder.data import everyday
+from builder.errors import CheckpointError
+from builder.models.adapter import PREFIX, add_adapter, adapter_state, load_adapter, projections, remove_adapter, save_adapter
+from builder.models.head import base_fingerprint
+from builder.models.llama import PROJECTIONS, load_llama, save_llama
+from tests.conftest import BASE_DIR, expect_error, run
+
+
+@pytest.fixture
+def fresh_base():
+    return load_llama(BASE_DIR)
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids)[0]
+
+
+def randomise(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in projections(model):
+            p.lora_B.weight.copy_(torch.randn(p.lora_B.weight.shape, generator=g) * 0.02)
+
+
+IDS = torch.tensor([[5, 17, 300, 42, 9, 11, 250, 3]])
+
+
+def test_a_fresh_adapter_leaves_the_base_unchanged(fresh_base):
+    before = logits(fresh_base, IDS)
+    params = add_adapter(fresh_base, rank=4, alpha=8)
+    assert torch.equal(logits(fresh_base, IDS), before), "B starts at zero: base + fresh adapter must be the base"
+    assert all(p.requires_grad for p in params)
+    assert not any(p.requires_grad for n, p in fresh_base.named_parameters() if ".lora_" not in n), "the base is frozen"
+    n_proj = len(list(projections(fresh_base)))
+    assert n_proj == len(PROJECTIONS) * fresh_base.config.num_hidden_layers
+    assert len(params) == 2 * n_proj
+
+
+def test_an_adapter_changes_the_answers_but_not_the_base(fresh_base, tmp_path):
+    fingerprint, before = base_fingerprint(fresh_base), logits(fresh_base, IDS)
+    add_adapter(fresh_base, rank=4, alpha=8)
+    randomise(fresh_base)
+    assert (logits(fresh_base, IDS) - before).abs().max() > 1e-3, "a trained adapter must change the logits"
+    assert base_fingerprint(fresh_base) == fingerprint, "an attached adapter is not part of the base's fingerprint"
+    save_llama(fresh_base, tmp_path / "base")
+    again = load_llama(tmp_path / "base")  # save_llama writes the base alone: it loads as a plain base
+    assert torch.equal(logits(again, IDS), before)
+    remove_adapter(fresh_base)
+    assert torch.equal(logits(fresh_base, IDS), before)
+
+
+def test_saved_adapters_load_as_their_fp16_values_under_peft_names(fresh_base, tmp_path):
+    from safetensors.torch import load_file
+
+    fingerprint = base_fingerprint(fresh_base)
+    add_adapter(fresh_base, rank=4, alpha=8)
+    randomise(fresh_base)
+    save_adapter(fresh_base, tmp_path, rank=4, alpha=8, extra={"task": "proofread", "base_fingerprint": fingerprint})
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8
+    assert config["target_modules"] == list(PROJECTIONS)
+    saved = load_file(tmp_path / "adapter_model.safetensors")
+    assert f"{PREFIX}model.layers.0.self_attn.q_proj.lora_A.weight" in saved
+    assert all(t.dtype == torch.float16 for t in saved.values())
+    # the production model computes on the shipped (fp16) values
+    with torch.no_grad():
+        for name, t in adapter_state(fresh_base).items():
+            t.copy_(t.to(torch.float16).to(torch.float32))
+    expected = logits(fresh_base, IDS)
+    other = load_llama(BASE_DIR)
+    load_adapter(other, tmp_path, fingerprint)
+    assert torch.equal(logits(other, IDS), expected)
+
+
+def test_an_adapter_for_another_base_or_a_broken_file_is_refused(fresh_base, tmp_path):
+    add_adapter(fresh_base, rank=2, alpha=2)
+    save_adapter(fresh_base, tmp_path, rank=2, alpha=2, extra={"base_fingerprint": "0" * 64})
+    with pytest.raises(CheckpointError, match="another base"):
+        load_adapter(load_llama(BASE_DIR), tmp_path, base_fingerprint(load_llama(BASE_DIR)))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_adapter(load_llama(BASE_DIR), tmp_path)
+    (tmp_path / "adapter_config.json").write_text("{")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_adapter(load_llama(BASE_DIR), tmp_path)
+    with pytest.raises(CheckpointError, match="not an adapter directory"):
+        load_adapter(load_llama(BASE_DIR), tmp_path / "nowhere")
+
+
+# --- the everyday data -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, clean", [
+    ("I'm home on Saturday.", True), ("Are you coming to the party?", True),
+    ("i'm home.", False), ("Im home on Saturday.", False), ("I'm home on saturday.", False),
+    ("I recieved it today.", False), ("I am home", False), ("I am home. see you", False)])
+def test_a_clean_sentence_is_capitalised_ended_and_spelled_right(text, clean):
+    assert everyday.is_clean_sentence(text) is clean, text
+
+
+def test_injected_mistakes_are_real_ones_and_each_kind_occurs():
+    rng, kinds_seen = random.Random(0), set()
+    for sentence in everyday.clean_sentences("train")[:400]:
+        wrong = everyday.inject_errors(sentence, rng, 1)
+        if wrong == sentence:
+            continue
+        old, new = [w for w in sentence.split()], [w for w in wrong.split()]
+        assert len(old) == len(new), f"one word changed in place: {sentence!r} -> {wrong!r}"
+        changed = [(a, b) for a, b in zip(old, new) if a != b]
+        assert len(changed) == 1, (sentence, wrong)
+        a, b = changed[0]
+        word = everyday.WORD.search(a).group()
+        wrong_word = everyday.WORD.search(b).group()
+        kinds = [k for k, ways in everyday.word_errors(word).items() if wrong_word in ways]
+        assert kinds, f"{word!r} -> {wrong_word!r} is none of the kinds"
+        kinds_seen.update(kinds)
+    assert kinds_seen == set(everyday.KINDS), f"kinds never injected: {set(everyday.KINDS) - kinds_seen}"
+
+
+def test_held_out_texts_never_reach_training():
+    train, held = set(everyday.clean_sentences("train")), set(everyday.clean_sentences("eval"))
+    assert len(held) > 1000 and not held & train
+    evaluation = {g for _, g in everyday.proofread_pairs("eval", 200, seed=12345)}
+    assert evaluation <= held
+    replies_eval = {m for m, _ in everyday.reply_pairs("eval", 10**6, seed=0)}
+    replies_train = {m for m, _ in everyday.reply_pairs("train", 10**6, seed=0)}
+    assert len(replies_eval) > 500 and len(replies_train) > 5000
+    assert not replies_eval & replies_train, f"held-out messages in training: {sorted(replies_eval & replies_train)[:3]}"
+
+
+def test_replies_are_short_and_spelled_right():
+    for message, reply in everyday.reply_pairs("train", 500, seed=0):
+        assert 1 <= len(reply.split()) <= 15 and "?" in message
+        assert everyday.spelled_right(reply, sentence=False), reply
+        assert not everyday.BLOCKED.search(message + reply)
+
+
+# --- training --------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_an_interrupted_adapter_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """train-adapter on the in-house base (its proofread task): stopped after 2 of 3 steps and resumed, the
+    adapter equals one trained 3 steps in one go; the base is unchanged, the card and log are written."""
+    from safetensors.torch import load_file
+
+    from builder.train import adapter as train_adapter_module
+    from builder.train.adapter import AdapterTrainConfig, train_adapter
+
+    cfg = AdapterTrainConfig(task="proofread", examples=64, steps=3, batch_size=4, eval_examples=4)
+    assert train_adapter(BASE_DIR, tmp_path / "a", tmp_path / "run-a", cfg, stop_at=2) == {"stopped_at": 2}
+    log = train_adapter(BASE_DIR, tmp_path / "a", tmp_path / "run-a", cfg)
+    train_adapter(BASE_DIR, tmp_path / "b", tmp_path / "run-b", cfg)
+    a, b = (load_file(tmp_path / d / "adapter_model.safetensors") for d in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(t.abs().max() > 0 for k, t in a.items() if "lora_B" in k), "the adapter learned nothing"
+    assert log["steps"] == 3 and log["held_out"] == 4 and set(log["adapter"]["counts"]) <= {"fix", "clean"}
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert "| fix |" in card or "| clean |" in card
+    assert train_adapter_module.digest(everyday.proofread_pairs("eval", 4, seed=12345)) == log["held_out_digest"]
+
+
+def test_train_adapter_refuses_a_task_the_base_lacks(tmp_path):
+    expect_error(run("train-adapter", "--task", "reply", "--base", str(BASE_DIR), "--out", str(tmp_path / "a"),
+                     "--run-dir", str(tmp_path / "r"), "--steps", "1"), "does not offer the task 'reply'")
