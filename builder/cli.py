@@ -196,7 +196,7 @@ def build_parser() -> Parser:
     r.add_argument("--site-dir", default="build/site", help="the site the browser runtimes load (rebuilt)")
 
     a = sub.add_parser("train-adapter", help="train a feature's adapter (LoRA) on the frozen base: models/adapters/TASK")
-    a.add_argument("--task", required=True, choices=["proofread", "reply"], help="the feature")
+    a.add_argument("--task", required=True, choices=["proofread", "reply", "summarize"], help="the feature")
     a.add_argument("--base", default="models/base", help="base checkpoint directory (frozen)")
     a.add_argument("--out", help="where the adapter goes (default models/adapters/TASK)")
     a.add_argument("--run-dir", help="the resumable run's checkpoint (default runs/adapter-TASK)")

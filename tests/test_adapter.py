@@ -171,3 +171,55 @@ def test_an_interrupted_adapter_run_resumes_to_the_same_weights(tmp_path, monkey
 def test_train_adapter_refuses_a_task_the_base_lacks(tmp_path):
     expect_error(run("train-adapter", "--task", "reply", "--base", str(BASE_DIR), "--out", str(tmp_path / "a"),
                      "--run-dir", str(tmp_path / "r"), "--steps", "1"), "does not offer the task 'reply'")
+
+
+# --- summarize: stacks, the checks, the few-shot prompt ------------------------------------------------
+
+STACK = "Mom: Dinner is at 7 on Sunday, don't be late\nMom: Can you bring the salad?\nDad: And pick up Grandma on the way please"
+
+
+@pytest.mark.parametrize("summary, fault", [
+    ("Mom says dinner is at 7 on Sunday and asks you to bring the salad, and Dad asks you to pick up Grandma.", None),
+    ("Mom says dinner is at 8 on Sunday.", "number 8 not in the stack"),
+    ("Mom says dinner is at 7 on Monday.", "name Monday not in the stack"),
+    ("Dinner is at 7 on Sunday. Bring the salad.", "more than one sentence"),
+    ("Can you bring the salad?", "a copy of one message"),
+    ("Mom asks for a refund because the product arrived broken.", "words not in the stack"),
+    ("As an AI assistant I can summarize: dinner is at 7.", "assistant talk"),
+    ("Mom " + "says dinner is at 7 " * 6, "words"),
+])
+def test_summary_checks_find_what_a_summary_invents_or_drops(summary, fault):
+    faults = everyday.summary_faults(STACK, summary)
+    if fault is None:
+        assert faults == [], faults
+    else:
+        assert any(fault in f for f in faults), f"{fault!r} not among {faults}"
+
+
+def test_notification_stacks_are_people_or_notices_from_their_split():
+    stacks = everyday.summary_inputs("eval", 60, seed=1)
+    assert len(stacks) == 60 and len(set(stacks)) == 60
+    people = [s for s in stacks if ": " in s.splitlines()[0] and s.split(": ")[0] in everyday.NAMES]
+    assert 0.4 * len(stacks) < len(people) < len(stacks), "both message stacks and notices"
+    for s in people:
+        lines = s.splitlines()
+        assert 2 <= len(lines) <= 5 and len({line.split(": ")[0] for line in lines}) == 2, s
+    texts = {m for conv in everyday.conversations("eval") for turn in conv for m in turn}
+    assert all(line.split(": ", 1)[1] in texts for s in people for line in s.splitlines())
+
+
+def test_the_few_shot_prompt_is_the_chat_template_with_worked_examples():
+    from pathlib import Path
+
+    from builder.data.tasks import chat_template, load_tokenizer
+    from builder.train.adapter import FEW_SHOT, few_shot_prompt
+
+    base = Path(__file__).resolve().parent.parent / "models" / "base"
+    tok = load_tokenizer(base)
+    ids = few_shot_prompt(tok, chat_template(base), "Sam: lunch at 1?")
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert text.count("<|im_start|>user") == len(FEW_SHOT) + 1 and text.count("<|im_start|>assistant") == len(FEW_SHOT) + 1
+    assert text.endswith("Sam: lunch at 1?<|im_end|>\n<|im_start|>assistant\n")
+    assert ids.count(tok.token_to_id("<|im_start|>")) == 2 * len(FEW_SHOT) + 3, "the markers are single tokens"
+    for example, summary in FEW_SHOT:
+        assert not everyday.summary_faults(example, summary), f"a worked example fails the checks: {summary!r}"

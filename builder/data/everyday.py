@@ -329,7 +329,21 @@ def summary_faults(stack: str, summary: str) -> list[str]:
             faults.append("a copy of one message")
     if re.search(r"\b(assistant|as an ai|chatbot|i'm sorry|i can't|summary:)", summary, re.I):
         faults.append("assistant talk")
+    stems = {w.lower()[:5] for w in WORD.findall(stack)}
+    content = [w for w in WORD.findall(summary) if w.lower() not in FRAME_WORDS and len(w) > 2]
+    new = [w for w in content if w.lower()[:5] not in stems]
+    if content and len(new) > max(1, len(content) // 4):  # a word or a quarter of them may be the summary's own
+        faults.append(f"words not in the stack ({', '.join(new[:4])})")
     return faults
+
+
+# Words a summary may use that its stack need not hold: who says what to whom, and the joints of a sentence.
+FRAME_WORDS = set("""a an the and but or so because if that this these those then than to of in on at for with from by about
+as is are was were be been being has have had will would can could should may might do does did not no yes
+you your you're yours he she they them their his her him it its it's we our us i me my who what when where why how
+asks ask asked says say said tells tell told wants want wanted thinks think thought wonders wonder mentions mention
+adds add replies reply answers answer agrees agree suggests suggest plans plan talks talk chat chatting shares share
+also still just both each other about while after before up out there here some any all more most""".split())
 
 
 @lru_cache(maxsize=1)

@@ -135,6 +135,21 @@ def chat_formats(tok: Tokenizer, template: str) -> dict[str, dict[str, list[int]
     return formats
 
 
+def chat_ids(tok: TaskTokenizer, template: str, messages: list[dict]) -> list[int]:
+    """The ids of a whole conversation in the chat template (several turns, as a few-shot prompt has), ended by
+    the assistant's turn opening. The template's markers are recognised in the rendered text, so the turns'
+    own text must hold none (the texts builder writes itself; a user's text goes through encode_prompt)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    text = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template).render(
+        messages=messages, add_generation_prompt=True)
+    tok.tokenizer.encode_special_tokens = False
+    try:
+        return tok.tokenizer.encode(text, add_special_tokens=False).ids
+    finally:
+        tok.tokenizer.encode_special_tokens = True
+
+
 def prompt_formats(tok: Tokenizer, bos_id: int | None) -> dict[str, dict[str, list[int]]]:
     """task -> {"prefix": ids before the user's text, "suffix": ids after it}, for the tasks the model offers."""
     ids = tok.token_to_id

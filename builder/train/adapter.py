@@ -31,20 +31,27 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data.everyday import proofread_pairs, reply_pairs
-from ..data.tasks import decode, encode_prompt, encode_text, load_tokenizer
+from ..data.everyday import proofread_pairs, reply_pairs, summary_faults, summary_inputs
+from ..data.tasks import chat_ids, chat_template, decode, encode_prompt, encode_text, load_tokenizer
 from ..errors import CheckpointError, UserError
 from ..models.adapter import add_adapter, projections, remove_adapter, save_adapter
 from ..models.head import base_fingerprint
 from ..models.llama import Llama, load_llama
-from .distill import greedy_continuations
+from .distill import distilled, greedy_continuations
 from .loop import Run, Schedule, train
 
 logger = logging.getLogger(__name__)
 
-FEATURES = ("proofread", "reply")  # the features with an adapter (`continue` is the plain chat model)
-PAIRS = {"proofread": proofread_pairs, "reply": reply_pairs}
-NEW_TOKENS = {"proofread": 64, "reply": 40}  # the longest answer quality() lets a model write
+FEATURES = ("proofread", "reply", "summarize")  # the features with an adapter (`continue` is the plain chat model)
+NEW_TOKENS = {"proofread": 64, "reply": 40, "summarize": 48}  # the longest answer a model may write here
+
+
+def summarize_inputs(split: str, n: int, seed: int) -> list[tuple[str, str]]:
+    """Notification stacks, with no target: the summaries are the base's own (`distilled_summaries`)."""
+    return [(s, "") for s in summary_inputs(split, n, seed)]
+
+
+PAIRS = {"proofread": proofread_pairs, "reply": reply_pairs, "summarize": summarize_inputs}
 
 
 @dataclass
@@ -123,7 +130,48 @@ def reply_score(text: str, answer: str, target: str) -> dict:
     return {"kind": "reply", "ok": 1 <= words <= 20 and not ASSISTANT.search(answer), "words": words}
 
 
-SCORES = {"proofread": proofread_score, "reply": reply_score}
+def summarize_score(text: str, answer: str, target: str) -> dict:
+    """A summary is right when it passes every faithfulness check (everyday.summary_faults)."""
+    faults = summary_faults(text, answer)
+    return {"kind": "faithful", "ok": not faults, "faults": faults}
+
+
+SCORES = {"proofread": proofread_score, "reply": reply_score, "summarize": summarize_score}
+
+
+# --- summarize's targets: the base at its best, by context distillation ------------------------------------
+
+FEW_SHOT_INSTRUCTION = ("Summarize these notifications in one short sentence. Keep the names, times and numbers "
+                        "that matter, and add nothing that is not in them.\n")
+FEW_SHOT = [  # written for this prompt: a message stack, a notice, a stack that asks something
+    ("Mia: are you still coming tonight?\nMia: bring chips if you can\nJon: I'll be there at 8",
+     "Mia asks if you're still coming tonight and to bring chips, and Jon will be there at 8."),
+    ("Your order #3391 from Paper Store has shipped. Estimated delivery: Friday.",
+     "Your Paper Store order #3391 has shipped and should arrive on Friday."),
+    ("Ana: the dentist moved my appointment\nAna: can you pick up Theo from school at 3?\nAna: thanks!!",
+     "Ana asks you to pick up Theo from school at 3 because her dentist appointment moved."),
+]
+
+
+def few_shot_prompt(tok, template: str, stack: str) -> list[int]:
+    """The base asked for a summary of stack after three worked examples, each a turn of the chat."""
+    messages = []
+    for example, summary in FEW_SHOT:
+        messages += [{"role": "user", "content": FEW_SHOT_INSTRUCTION + example}, {"role": "assistant", "content": summary}]
+    return chat_ids(tok, template, messages + [{"role": "user", "content": FEW_SHOT_INSTRUCTION + stack}])
+
+
+def distilled_summaries(base: Llama, tok, base_dir: Path, stacks: list[str], fingerprint: str) -> list[dict]:
+    """The base's greedy summary of every stack under the few-shot prompt (kept in build/distill/, resumable),
+    each with the faithfulness checks' faults: the candidates; those with none are the training targets."""
+    template = chat_template(Path(base_dir))
+    prompts = [few_shot_prompt(tok, template, s) for s in stacks]
+    got = distilled(base, fingerprint, prompts, NEW_TOKENS["summarize"], part=128)
+    out = []
+    for stack, (n, seq) in zip(stacks, got):
+        summary = decode(tok, seq[n:]).strip()
+        out.append({"stack": stack, "summary": summary, "faults": summary_faults(stack, summary)})
+    return out
 
 
 def held_out(task: str, n: int) -> list[tuple[str, str]]:
@@ -172,6 +220,13 @@ def train_adapter(base_dir: Path, out: Path, run_dir: Path, cfg: AdapterTrainCon
     before = {k: v.clone() for k, v in base.state_dict().items()}
 
     pairs = PAIRS[cfg.task]("train", cfg.examples, seed=cfg.seed)
+    candidates = None
+    if cfg.task == "summarize":  # targets: the base's own few-shot summaries that pass every check
+        if chat_template(Path(base_dir)) is None:
+            raise UserError(f"summarize's targets come from the base's chat template, and {base_dir} has none")
+        candidates = distilled_summaries(base, tok, base_dir, [s for s, _ in pairs], fingerprint)
+        pairs = [(c["stack"], c["summary"]) for c in candidates if not c["faults"]]
+        logger.info("summarize: kept %d of %d candidate summaries", len(pairs), len(candidates))
     evaluation = held_out(cfg.task, cfg.eval_examples)
     if set(t for t, _ in pairs) & set(t for t, _ in evaluation):
         raise CheckpointError("a held-out text is among the training pairs")  # split_of keeps them apart
@@ -212,6 +267,9 @@ def train_adapter(base_dir: Path, out: Path, run_dir: Path, cfg: AdapterTrainCon
     adapter_quality = quality(base, tok, cfg.task, evaluation, eos)
     log = {"task": cfg.task, "config": asdict(cfg), "base_fingerprint": fingerprint,
            "train_pairs": len(examples), "train_digest": digest(pairs), "held_out": len(evaluation),
+           "candidates": None if candidates is None else {
+               "count": len(candidates), "kept": len(pairs),
+               "faults": fault_counts(candidates), "samples": candidates[:10]},
            "held_out_digest": digest(evaluation), "steps": state.step, "train_minutes": round(state.train_seconds / 60, 1),
            "final_loss": round(state.mean_loss(), 4), "eval_minutes": round((time.time() - started) / 60, 1),
            "adapter_bytes": (out / "adapter_model.safetensors").stat().st_size,
@@ -223,6 +281,16 @@ def train_adapter(base_dir: Path, out: Path, run_dir: Path, cfg: AdapterTrainCon
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     write_card(out, log)
     return log
+
+
+def fault_counts(candidates: list[dict]) -> dict[str, int]:
+    """How many candidates failed each check (a fault's kind: its words before any detail)."""
+    counts: dict[str, int] = {}
+    for c in candidates:
+        for kind in {re.sub(r" \S+ not in the stack$", " not in the stack", f).split(" (")[0] for f in c["faults"]}:
+            kind = re.sub(r"^\d+ words$", "not 3-25 words", kind)
+            counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def write_card(out: Path, log: dict) -> None:
