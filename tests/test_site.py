@@ -131,6 +131,22 @@ def test_serve_gives_the_mime_types_the_page_needs(url):
             assert r.headers["Content-Type"].split(";")[0] == mime, path
 
 
+def test_serve_lists_no_folder_sends_nosniff_and_names_no_server(tmp_path):
+    (tmp_path / "models" / "weights").mkdir(parents=True)
+    (tmp_path / "index.html").write_text("<!doctype html>")
+    (tmp_path / "models" / "manifest.json").write_text("{}")
+    with served(tmp_path) as url:
+        for folder in ("models/", "models/weights/"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(url + folder)
+            assert e.value.code == 404, f"{folder}: {e.value.code}"
+            assert "manifest.json" not in e.value.read().decode(), f"{folder} was listed"
+        for path in ("", "models/manifest.json"):
+            with urllib.request.urlopen(url + path) as r:
+                assert r.headers["X-Content-Type-Options"] == "nosniff", path
+                assert r.headers["Server"] is None, f"{path}: Server: {r.headers['Server']}"
+
+
 def test_serve_gzips_the_runtime_and_graphs_not_the_weights(url, site):
     """As static hosts do: a browser that accepts gzip gets the WebAssembly runtime and the graphs
     compressed (the same bytes once decoded), the weights as they are; a revalidation gets 304."""
