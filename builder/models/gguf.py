@@ -35,6 +35,19 @@ SOURCE = "gguf.json"
 PRE_TOKENIZERS = {"smollm": [{"type": "Digits", "individual_digits": True}]}
 
 
+def read_source(directory: Path) -> dict:
+    """A checkpoint's gguf.json: where its GGUF comes from, the file's sha256 and the weights' fingerprint."""
+    path = Path(directory) / SOURCE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path} is not valid JSON ({e}): restore it (git checkout {path})") from None
+    missing = [k for k in ("file", "sha256", "fingerprint") if not isinstance(meta, dict) or not isinstance(meta.get(k), str)]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}: restore it (git checkout {path})")
+    return meta
+
+
 def find_gguf(source: dict) -> Path:
     """The GGUF file a gguf.json names: inside an installed Python package, or a path."""
     if "module" in source:
@@ -134,7 +147,7 @@ def packed_blocks(directory: Path) -> dict[str, dict]:
 
     from gguf.quants import dequantize
 
-    meta = json.loads((Path(directory) / SOURCE).read_text())
+    meta = read_source(directory)
     path = find_gguf(meta)
     if sha256(path) != meta["sha256"]:
         raise CheckpointError(f"{path} is not the file {Path(directory) / SOURCE} names (sha256 differs)")
@@ -214,14 +227,20 @@ def save_state(state: dict[str, torch.Tensor], directory: Path) -> None:
     from safetensors.torch import save_file
 
     tmp = directory / "model.safetensors.tmp"
-    save_file({k: v.contiguous() for k, v in state.items()}, tmp, metadata={"format": "pt"})
+    try:
+        save_file({k: v.contiguous() for k, v in state.items()}, tmp, metadata={"format": "pt"})
+    except OSError as e:  # a full disk: no half-written cache is left behind
+        tmp.unlink(missing_ok=True)
+        need = sum(v.numel() * v.element_size() for v in state.values())
+        raise CheckpointError(f"cannot write {directory / 'model.safetensors'} ({e.strerror}): the imported weights "
+                              f"need {need / 1e6:.0f} MB free there") from None
     tmp.replace(directory / "model.safetensors")  # never a half-written cache
 
 
 def materialize(directory: Path) -> None:
     """Writes directory/model.safetensors from the GGUF its gguf.json names, after checking the file's
     sha256 and the weights' fingerprint against the ones recorded there."""
-    meta = json.loads((directory / SOURCE).read_text())
+    meta = read_source(directory)
     path = find_gguf(meta)
     if sha256(path) != meta["sha256"]:
         raise CheckpointError(f"{path} is not the file {directory / SOURCE} names (sha256 differs): reinstall {meta.get('package', path)}")

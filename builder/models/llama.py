@@ -20,7 +20,17 @@ import torch.nn.functional as F
 
 from ..errors import CheckpointError
 
+WEIGHTS_FILES = ("config.json", "model.safetensors")  # what a save writes (the checkpoint's other files stay)
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, S, n_kv_heads, head_dim)
+
+
+# what config.json must give (the rest has Hugging Face's defaults), and the check of each field's type
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+TYPES = {"int": lambda v: type(v) is int and v > 0, "float": lambda v: type(v) in (int, float) and v > 0,
+         "bool": lambda v: type(v) is bool, "int | None": lambda v: v is None or type(v) is int or
+         (type(v) is list and all(type(i) is int for i in v))}  # eos_token_id: one id or a list
+TYPE_NAMES = {"int": "a whole number above 0", "float": "a number above 0", "bool": "true or false",
+              "int | None": "a token id or null"}
 
 
 @dataclass
@@ -56,6 +66,12 @@ class LlamaConfig:
         model_type = d.get("model_type")
         if model_type not in ("llama", "qwen2"):
             raise CheckpointError(f"unsupported model_type {model_type!r}: only Llama-family checkpoints are supported")
+        absent = [k for k in REQUIRED if k not in d]
+        if absent:
+            raise CheckpointError(f"config.json lacks {', '.join(absent)}")
+        for f in fields(cls):
+            if f.name in d and not TYPES[f.type](d[f.name]):
+                raise CheckpointError(f"config.json: {f.name} is {d[f.name]!r}, not {TYPE_NAMES[f.type]}")
         unsupported = []
         rope = d.get("rope_parameters") or {}  # transformers >= 5 writes rope_theta here
         if rope.get("rope_type", "default") != "default":
@@ -264,9 +280,12 @@ def load_config(directory: str | Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return config
 
 
 def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
@@ -292,7 +311,10 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
 
 def load_llama(directory: str | Path) -> Llama:
     """Loads a Hugging Face Llama-family checkpoint (config.json + model.safetensors) in fp32."""
-    cfg = LlamaConfig.from_hf(load_config(directory))
+    try:
+        cfg = LlamaConfig.from_hf(load_config(directory))
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace("config.json", str(Path(directory) / "config.json"), 1)) from None
     model = Llama(cfg)
     state = {k: v.to(torch.float32) for k, v in load_state(directory).items()}
     if cfg.tie_word_embeddings:
