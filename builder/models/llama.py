@@ -335,13 +335,15 @@ def load_llama(directory: str | Path) -> Llama:
 
 def save_llama(model: Llama, directory: str | Path, extra: dict | None = None) -> None:
     """Writes config.json and model.safetensors as transformers' save_pretrained would; extra: more keys for
-    config.json (transformers keeps unknown keys), e.g. the fingerprint of the base a drafter was distilled from."""
+    config.json (transformers keeps unknown keys), e.g. the fingerprint of the base a drafter was distilled from.
+    Both or neither: the folder is replaced whole (its other files kept), never left half old, half new."""
     from safetensors.torch import save_file
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({**model.config.to_hf(), **(extra or {})}, indent=2) + "\n")
+    from ..atomic import replacing
+
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight")
-    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    with replacing(Path(directory), keep=True, fresh=WEIGHTS_FILES) as new:
+        (new / "config.json").write_text(json.dumps({**model.config.to_hf(), **(extra or {})}, indent=2) + "\n")
+        save_file(state, new / "model.safetensors", metadata={"format": "pt"})
