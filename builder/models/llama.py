@@ -10,6 +10,7 @@ length n (rollback is a prefix view, with no copy).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -19,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 WEIGHTS_FILES = ("config.json", "model.safetensors")  # what a save writes (the checkpoint's other files stay)
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, S, n_kv_heads, head_dim)
@@ -297,10 +300,16 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file() and (Path(directory) / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{directory} holds a sharded checkpoint (model.safetensors.index.json): builder reads "
                               f"one model.safetensors; save it unsharded (save_pretrained(..., max_shard_size='100GB'))")
-    if not path.is_file() and (Path(directory) / "gguf.json").is_file():  # an imported base: its cache
-        from .gguf import materialize
+    if (Path(directory) / "gguf.json").is_file():  # an imported base: its cache, made again when missing or damaged
+        from ..atomic import locked
+        from .gguf import cache_intact, materialize
 
-        materialize(Path(directory))
+        with locked(path):  # two commands starting at once import it once
+            intact = path.is_file() and cache_intact(Path(directory))
+            if path.is_file() and not intact:
+                logger.info("%s is not the cache the import wrote (truncated, altered or unchecked): importing again", path)
+            if not intact:
+                materialize(Path(directory))
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:
