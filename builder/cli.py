@@ -127,7 +127,8 @@ def build_parser() -> Parser:
     b.add_argument("--head", default="models/mtp", help="MTP head directory")
     b.add_argument("--drafter", help="independent drafter directory, or 'none' (default: models/drafter when it was "
                                      "distilled from this base, by fingerprint; else none: the page then offers ar and mtp)")
-    b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
+    b.add_argument("--out", default="build/site", help="where the site is written: a new or empty folder, or a site "
+                                                       "build made (replaced); any other folder is refused")
     b.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export the site copies; exported there first when missing or stale")
     b.add_argument("--precision", choices=["fp32", "fp16", "both"],
