@@ -194,6 +194,33 @@ def test_served_page_is_cross_origin_isolated_and_runs_wasm_on_a_thread_per_core
             p.close()
 
 
+def test_a_long_prompt_is_read_in_chunks_with_the_references_ids(browser, tiny_url, tiny_base, tokenizer):
+    """A prompt of two chunks (PREFILL_CHUNK = 256 tokens, onnx_backend.mjs): the page's prefill runs the base
+    on the first 256 tokens, then on the rest after their cache, and every mode gives the reference's ids (the
+    drafter reads the prompt in the same chunks). One run over the whole prompt would hold heads x T x T
+    attention scores: 2.4 GB for SmolLM2 at T = 8,190."""
+    text = " ".join((ROOT / "docs" / "testing.md").read_text().split())
+    while len(encode_prompt(tokenizer, "continue", text)) > 480:
+        text = text[: int(len(text) * 0.97)]
+    ids = encode_prompt(tokenizer, "continue", text)
+    assert len(ids) > 300, len(ids)
+    ref = decode_ar(tiny_base, ids, 12, tiny_base.config.eos_token_id)
+    p = Page(browser, tiny_url, "?backend=wasm")
+    try:
+        for mode in ("ar", "mtp", "drafter"):
+            out = p.generate(prompt=text, mode=mode, k=3, maxNewTokens=12, trace=True)
+            assert out["promptIds"] == ids and out["ids"] == ref.ids, mode
+            base = [r["inputs"] for r in out["trace"] if r["graph"] == "base"]
+            assert [b["input_ids"]["dims"][1] for b in base[:2]] == [256, len(ids) - 1 - 256], mode
+            assert [b["past_key_0"]["dims"][1] for b in base[:2]] == [0, 256], mode
+            if mode == "drafter":
+                drafter = [r["inputs"]["input_ids"]["dims"][1] for r in out["trace"] if r["graph"] == "drafter"]
+                assert drafter[:2] == [256, len(ids) - 256], drafter
+        assert not p.errors, p.errors
+    finally:
+        p.close()
+
+
 def test_on_a_host_without_isolation_headers_a_service_worker_adds_them(browser, tiny_site):
     """A static host that cannot send COOP/COEP (here Python's plain http.server): the page registers
     coi-sw.js, reloads once, and runs isolated, with WASM threads."""
