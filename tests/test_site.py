@@ -293,9 +293,19 @@ def test_webgpu_dispatches_are_counted_per_run(browser, tiny_url):
     print(f"\nwebgpu dispatches per run: { {f'{g} x{n}': sorted(ds) for (g, n), ds in per_graph.items()} }")
 
 
+DAMAGE_CACHED_RUNTIME = """async () => {
+  const cache = await caches.open('frozen-mtp-models');
+  const [key] = (await cache.keys()).filter((r) => r.url.includes('ort-wasm-simd-threaded.wasm?sha256='));
+  const bytes = new Uint8Array(await (await cache.match(key)).arrayBuffer());
+  await cache.put(key, new Response(bytes.slice(0, bytes.length - 4096)));  // truncated in storage
+  return key.url;
+}"""
+
+
 def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
     """The model files and onnxruntime's WebAssembly runtime stay in Cache Storage after their download:
-    opening the page again (same browser profile) fetches the manifest only, and still decodes."""
+    opening the page again (same browser profile) fetches the manifest only, and still decodes. A runtime
+    damaged in Cache Storage fails its sha256 (the manifest's `runtimes`) and is downloaded again."""
     manifest = json.loads((tiny_site / "models" / "manifest.json").read_text())
     context = browser.new_context()
     try:
@@ -303,7 +313,12 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
         context.on("requestfinished", lambda r: ("/models/" in r.url or r.url.endswith(".wasm"))
                    and fetched.append(r.url.rsplit("/", 1)[1]))
         visits = []
-        for _ in range(2):
+        for visit in range(3):
+            if visit == 2:
+                page = context.new_page()
+                page.goto(tiny_url + "favicon-none")  # the site's origin, without loading the models
+                assert manifest["runtimes"]["vendor/ort/ort-wasm-simd-threaded.wasm"]["sha256"] in page.evaluate(DAMAGE_CACHED_RUNTIME)
+                page.close()
             fetched.clear()
             page = context.new_page()
             page.goto(tiny_url + "?backend=wasm")
@@ -316,8 +331,27 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
         assert set(visits[0]) > {"manifest.json", manifest["tokenizer"], runtime}, visits[0]
         assert all(f in manifest["files"] for f in visits[0] if f not in ("manifest.json", runtime))
         assert visits[1] == ["manifest.json"], f"the second visit fetched {visits[1]}"
+        assert visits[2] == ["manifest.json", runtime], f"after the runtime was damaged in the cache: {visits[2]}"
     finally:
         context.close()
+
+
+def test_an_altered_webassembly_runtime_is_named(browser, tiny_site, tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(tiny_site, site)
+    wasm = site / "vendor" / "ort" / "ort-wasm-simd-threaded.wasm"
+    data = bytearray(wasm.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    wasm.write_bytes(bytes(data))
+    with served(site) as url:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(url + "?backend=wasm")
+            error = page.evaluate("window.frozenMTP.ready.then(() => 'loaded', (e) => e.message)")
+        finally:
+            context.close()
+    assert "ort-wasm-simd-threaded.wasm is altered or truncated" in error, error
 
 
 def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onnx_dir, reference):

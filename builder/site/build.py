@@ -6,7 +6,8 @@ build() reads as the recipe:
 3. render web/templates with jinja2, copy the page's ES modules and stylesheet;
 4. copy the graphs and weights files of the precisions asked for (a weights file with a packed form,
    export/packed.py: that form instead), the tokenizer, and a manifest that lists exactly those files;
-5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences).
+5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences); the
+   manifest records the sha256 of its WebAssembly runtimes, which the page checks in its cache.
 
 Every path in the site is relative, so the folder works on any static host.
 
@@ -26,7 +27,7 @@ import jinja2
 
 from ..atomic import locked, replacing
 from ..errors import SiteError
-from ..export.manifest import FORMAT, MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files
+from ..export.manifest import FORMAT, MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +58,15 @@ def build(ckpts: Checkpoints, out: Path, onnx_dir: Path, precisions: tuple[str, 
     with locked(out):
         check_out(out, Path(onnx_dir))  # again: another build may have written it meanwhile
         with replacing(out) as new:
-            (new / "models").mkdir()
-            site_manifest = site_models(manifest, Path(onnx_dir), precisions, new / "models")
-            render(new, site_manifest)
             for src, dst in VENDOR.items():
                 (new / dst).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(node_modules / src, new / dst)
+            # the WebAssembly runtimes, which the page keeps in Cache Storage, checked there against these
+            runtimes = {dst: {"bytes": (new / dst).stat().st_size, "sha256": sha256_file(new / dst)}
+                        for dst in VENDOR.values() if dst.endswith(".wasm")}
+            (new / "models").mkdir()
+            site_manifest = site_models(manifest, Path(onnx_dir), precisions, new / "models", runtimes)
+            render(new, site_manifest)
             (new / SITE_MARKER).write_text("a site written by `python -m builder build`, which replaces this folder\n")
     logger.info("built the site in %s (%.1f MB)", out, site_bytes(out) / 1e6)
     return site_manifest
@@ -114,8 +118,9 @@ def npm_ci(web: Path) -> Path:
     return node_modules
 
 
-def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], models: Path) -> dict:
-    """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those."""
+def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], models: Path, runtimes: dict) -> dict:
+    """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those, and
+    of the site's WebAssembly runtimes (site path -> bytes and sha256)."""
     # q4 (export/nbits.py) comes with fp32: its files are fp32's but the base's, rebuilt from the same blocks
     q4 = ("q4",) if "fp32" in precisions and "q4" in manifest["precisions"] else ()
     kept = {p: manifest["precisions"][p] for p in (*precisions, *q4)}
@@ -125,7 +130,8 @@ def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], mod
     for name in sorted(files):
         if "packed" not in manifest["files"][name]:
             shutil.copyfile(onnx_dir / name, models / name)
-    site_manifest = {**manifest, "precisions": kept, "files": {f: manifest["files"][f] for f in sorted(files)}}
+    site_manifest = {**manifest, "precisions": kept, "files": {f: manifest["files"][f] for f in sorted(files)},
+                     "runtimes": runtimes}
     (models / MANIFEST).write_text(json.dumps(site_manifest, indent=2) + "\n")
     return site_manifest
 
