@@ -27,7 +27,7 @@ from builder.site.browser import served
 from builder.decode.loop import DRAFT_CUT, LOOKUP_SPAN, compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.decode.onnx_backend import OnnxBackend
-from builder.site.build import VENDOR
+from builder.site.build import SITE_MARKER, VENDOR
 from builder.data.tasks import encode_prompt, encode_text
 from tests.conftest import ROOT, Page
 
@@ -80,7 +80,7 @@ def test_build_copies_only_what_the_page_needs(site):
         assert set(spec["graphs"]) == {"base", "drafter", *heads}, f"{precision}: not the graphs the page runs"
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
     modules = ["app.mjs", "runtime.mjs", "files.mjs", "sessions.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs", "blocks.mjs"]
-    expected = {"index.html", *modules, "coi-sw.js", "style.css", "models/manifest.json",
+    expected = {"index.html", *modules, "coi-sw.js", "style.css", "models/manifest.json", SITE_MARKER,
                 *(f"models/{f}" for f, m in manifest["files"].items() if "packed" not in m), *VENDOR.values()}
     assert files == expected
     html = (site / "index.html").read_text()
