@@ -304,12 +304,12 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
         from ..atomic import locked
         from .gguf import cache_intact, materialize
 
-        with locked(path):  # two commands starting at once import it once
-            intact = path.is_file() and cache_intact(Path(directory))
-            if path.is_file() and not intact:
-                logger.info("%s is not the cache the import wrote (truncated, altered or unchecked): importing again", path)
-            if not intact:
-                materialize(Path(directory))
+        if not (path.is_file() and cache_intact(Path(directory))):  # an intact cache needs no lock (read-only folders)
+            with locked(path):  # two commands starting at once import it once
+                if path.is_file() and not cache_intact(Path(directory)):
+                    logger.info("%s is not the cache the import wrote (truncated, altered or unchecked): importing again", path)
+                if not (path.is_file() and cache_intact(Path(directory))):
+                    materialize(Path(directory))
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:
