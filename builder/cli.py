@@ -6,6 +6,7 @@ decoded) ends as one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -128,7 +129,8 @@ def build_parser() -> Parser:
     b.add_argument("--head", default="models/mtp", help="MTP head directory")
     b.add_argument("--drafter", help="independent drafter directory, or 'none' (default: models/drafter when it was "
                                      "distilled from this base, by fingerprint; else none: the page then offers ar and mtp)")
-    b.add_argument("--out", default="build/site", help="where the site is written (replaced)")
+    b.add_argument("--out", default="build/site", help="where the site is written: a new or empty folder, or a site "
+                                                       "build made (replaced); any other folder is refused")
     b.add_argument("--onnx-dir", default="build/onnx",
                    help="the ONNX export the site copies; exported there first when missing or stale")
     b.add_argument("--precision", choices=["fp32", "fp16", "both"],
@@ -241,7 +243,13 @@ def read_prompts(args) -> list[dict]:
     if not path.is_file():
         raise PromptError(f"prompts file not found: {path}")
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise PromptError(f"{path}:{line}: not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): "
+                          "save the file as UTF-8") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -498,6 +506,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except UserError as e:
         sys.stderr.write(f"error: {e}\n")
+        return EXIT_ERROR
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # the disk is full: writing stdout (print raises it), a checkpoint, an export, the site
+        where = e.filename or "the output"
+        sys.stderr.write(f"error: no space left on the device writing {where}: free some space and run the command again\n")
+        if where == "the output":  # stdout keeps its unwritten bytes: flushing them at exit fails again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")

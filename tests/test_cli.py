@@ -170,6 +170,68 @@ def test_corrupt_tokenizer_is_a_clear_error(tmp_path):
     expect_error(run("generate", "--prompt", "hi", "--base", str(d), "--head", str(HEAD_DIR)), "tokenizer.json")
 
 
+def test_a_prompts_file_that_is_not_utf8_names_the_line(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    expect_error(run("generate", *INHOUSE, "--prompts-file", str(f)), "p.jsonl:2:", "not UTF-8", "0xe9")
+
+
+def base_with(tmp_path, files: dict[str, str]) -> str:
+    """A copy of the shipped base (its files linked) with some files replaced: name -> text."""
+    d = tmp_path / "base"
+    d.mkdir()
+    for f in BASE_DIR.iterdir():
+        (d / f.name).symlink_to(f)
+    for name, text in files.items():
+        (d / name).unlink(missing_ok=True)
+        (d / name).write_text(text)
+    return str(d)
+
+
+@pytest.mark.parametrize("change, fragments", [
+    ({"vocab_size": None}, ["config.json lacks vocab_size"]),
+    ({"hidden_size": "256"}, ["config.json: hidden_size is '256', not a whole number above 0"]),
+    ({"num_attention_heads": 0}, ["num_attention_heads is 0"]),
+    ({"tie_word_embeddings": "yes"}, ["tie_word_embeddings is 'yes', not true or false"]),
+    ({"rms_norm_eps": [1e-5]}, ["rms_norm_eps is [1e-05], not a number above 0"]),
+])
+def test_a_config_with_a_missing_key_or_a_wrong_type_is_a_clear_error(tmp_path, change, fragments):
+    cfg = json.loads((BASE_DIR / "config.json").read_text())
+    cfg = {k: v for k, v in {**cfg, **change}.items() if v is not None}
+    d = base_with(tmp_path, {"config.json": json.dumps(cfg)})
+    expect_error(run("generate", "--prompt", "hi", "--base", d, "--mode", "ar"), str(tmp_path), *fragments)
+
+
+def test_a_gguf_json_that_is_not_json_is_a_clear_error(tmp_path):
+    d = tmp_path / "base"
+    d.mkdir()
+    shutil.copyfile(ROOT / "models" / "base" / "config.json", d / "config.json")
+    (d / "gguf.json").write_text('{"file": "x.gguf", ')
+    expect_error(run("generate", "--prompt", "hi", "--base", str(d), "--mode", "ar"), "gguf.json is not valid JSON")
+    (d / "gguf.json").write_text('{"file": "x.gguf"}')
+    expect_error(run("generate", "--prompt", "hi", "--base", str(d), "--mode", "ar"), "gguf.json lacks sha256, fingerprint")
+
+
+@pytest.mark.parametrize("template, fragments", [
+    ("{{ raise_exception('no system role') }}", ["chat template fails", "UndefinedError"]),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{{ tools.names }}", ["chat template fails", "'tools' is undefined"]),
+    ("{% for m in messages %}{{ m.content - 1 }}{% endfor %}", ["chat template fails", "TypeError"]),
+    ("<|im_start|>assistant\n", ["leaves out the user's message"]),
+])
+def test_a_chat_template_that_fails_is_a_clear_error(tmp_path, template, fragments):
+    d = base_with(tmp_path, {"tokenizer_config.json": json.dumps({"chat_template": template})})
+    expect_error(run("generate", "--prompt", "hi", "--base", d, "--mode", "ar", "--max-new-tokens", "2"), *fragments)
+
+
+def test_a_full_disk_on_the_output_is_one_line():
+    """stdout on a full disk: /dev/full fails every write with ENOSPC."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "builder", "generate", *INHOUSE, "--prompt", "The json module",
+                            "--max-new-tokens", "4", "--json"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+    expect_error(r, "no space left on the device writing the output")
+
+
 def test_undecodable_command_line_bytes_are_replaced_not_a_traceback():
     r = subprocess.run([sys.executable, "-m", "builder", "generate", "--prompt", b"caf\xe9 ok", "--max-new-tokens", "2",
                         "--json"], cwd=ROOT, capture_output=True, timeout=300)

@@ -258,6 +258,84 @@ def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export
         page.close()
 
 
+def renderers() -> dict[int, int]:
+    """The Chromium renderer processes under this test process: pid -> peak resident memory (VmHWM, bytes)."""
+    import os
+
+    parents = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            parents[int(status.parent.name)] = (int(fields["PPid"]), fields.get("VmHWM", "0 kB"))
+        except (OSError, KeyError, ValueError):
+            continue
+
+    def ours(pid):
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, (0,))[0]
+        return False
+
+    out = {}
+    for pid, (_, hwm) in parents.items():
+        try:
+            renderer = b"--type=renderer" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if renderer and ours(pid):
+            out[pid] = int(hwm.split()[0]) * 1024
+    return out
+
+
+LONG_PROMPT_TOKENS = 4000
+
+
+@pytest.mark.slow
+def test_the_page_reads_a_4000_token_prompt_in_chunks_exactly(smol, smol_export, browser, tmp_path):
+    """A long prompt (about 4,000 tokens of this project's docs, summarize) on WASM: the page reads it in chunks of
+    PREFILL_CHUNK tokens through the base graph's past input (onnx_backend.mjs) and gives the torch reference's
+    ids. Prints the time and the renderer's peak memory (one run over the whole prompt would hold 9 heads x T x T
+    attention scores: 576 MB at T = 4,000, 2.4 GB at 8,190)."""
+    import time
+
+    from builder.decode.loop import compare_to_reference
+    from builder.decode.torch_backend import decode_ar
+    from builder.export.manifest import Checkpoints
+    from builder.site.browser import served
+    from builder.site.build import build
+    from tests.conftest import Page
+
+    tok = load_tokenizer(SMOL)
+    words = " ".join((ROOT / "docs" / name).read_text() for name in ("architecture.md", "web.md", "testing.md")).split(" ")
+    text = " ".join(words[:2600])
+    while len(encode_prompt(tok, "summarize", text)) > LONG_PROMPT_TOKENS:
+        text = text[: int(len(text) * 0.98)]
+    ids = encode_prompt(tok, "summarize", text)
+    assert len(ids) > 0.95 * LONG_PROMPT_TOKENS, len(ids)
+    ref = decode_ar(smol, ids, 8, smol.config.eos_token_id)
+    onnx_dir, _ = smol_export
+    site = tmp_path / "site"
+    build(Checkpoints(SMOL, onnx_dir.parent / "head"), site, onnx_dir, ("fp32",))
+    before = set(renderers())
+    with served(site) as url:
+        page = Page(browser, url, "?backend=wasm")
+        loaded = max((m for pid, m in renderers().items() if pid not in before), default=0)
+        t0 = time.perf_counter()
+        got = page.generate(prompt=text, task="summarize", mode="ar", maxNewTokens=8, trace=True)
+        seconds = time.perf_counter() - t0
+        peak = max(m for pid, m in renderers().items() if pid not in before)
+        assert page.errors == []
+        page.close()
+    assert got["promptIds"] == ids
+    assert compare_to_reference(ref, got["ids"])[0] != "mismatch", (ref.ids, got["ids"])
+    fed = [r["inputs"]["input_ids"]["dims"][1] for r in got["trace"] if r["graph"] == "base"]
+    chunks = fed[: len(fed) - got["steps"]]  # the prefill's runs, then one a token
+    assert max(chunks) == 256 and sum(chunks) == len(ids) - 1, chunks
+    print(f"\nwasm, {len(ids)} prompt tokens: prefill {got['prefillMs'] / 1e3:.1f} s, generation {seconds:.1f} s; "
+          f"renderer peak memory {peak / 2**20:.0f} MiB ({loaded / 2**20:.0f} MiB once the models were loaded)")
+
+
 UNPACK = """
 import { readFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';

@@ -27,7 +27,7 @@ from builder.site.browser import served
 from builder.decode.loop import DRAFT_CUT, LOOKUP_SPAN, compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.decode.onnx_backend import OnnxBackend
-from builder.site.build import VENDOR
+from builder.site.build import SITE_MARKER, VENDOR
 from builder.data.tasks import encode_prompt, encode_text
 from tests.conftest import ROOT, Page
 
@@ -80,7 +80,7 @@ def test_build_copies_only_what_the_page_needs(site):
         assert set(spec["graphs"]) == {"base", "drafter", *heads}, f"{precision}: not the graphs the page runs"
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
     modules = ["app.mjs", "runtime.mjs", "files.mjs", "sessions.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs", "blocks.mjs"]
-    expected = {"index.html", *modules, "coi-sw.js", "style.css", "models/manifest.json",
+    expected = {"index.html", *modules, "coi-sw.js", "style.css", "models/manifest.json", SITE_MARKER,
                 *(f"models/{f}" for f, m in manifest["files"].items() if "packed" not in m), *VENDOR.values()}
     assert files == expected
     html = (site / "index.html").read_text()
@@ -131,6 +131,22 @@ def test_serve_gives_the_mime_types_the_page_needs(url):
             assert r.headers["Content-Type"].split(";")[0] == mime, path
 
 
+def test_serve_lists_no_folder_sends_nosniff_and_names_no_server(tmp_path):
+    (tmp_path / "models" / "weights").mkdir(parents=True)
+    (tmp_path / "index.html").write_text("<!doctype html>")
+    (tmp_path / "models" / "manifest.json").write_text("{}")
+    with served(tmp_path) as url:
+        for folder in ("models/", "models/weights/"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(url + folder)
+            assert e.value.code == 404, f"{folder}: {e.value.code}"
+            assert "manifest.json" not in e.value.read().decode(), f"{folder} was listed"
+        for path in ("", "models/manifest.json"):
+            with urllib.request.urlopen(url + path) as r:
+                assert r.headers["X-Content-Type-Options"] == "nosniff", path
+                assert r.headers["Server"] is None, f"{path}: Server: {r.headers['Server']}"
+
+
 def test_serve_gzips_the_runtime_and_graphs_not_the_weights(url, site):
     """As static hosts do: a browser that accepts gzip gets the WebAssembly runtime and the graphs
     compressed (the same bytes once decoded), the weights as they are; a revalidation gets 304."""
@@ -176,6 +192,33 @@ def test_served_page_is_cross_origin_isolated_and_runs_wasm_on_a_thread_per_core
             assert not p.errors, p.errors
         finally:
             p.close()
+
+
+def test_a_long_prompt_is_read_in_chunks_with_the_references_ids(browser, tiny_url, tiny_base, tokenizer):
+    """A prompt of two chunks (PREFILL_CHUNK = 256 tokens, onnx_backend.mjs): the page's prefill runs the base
+    on the first 256 tokens, then on the rest after their cache, and every mode gives the reference's ids (the
+    drafter reads the prompt in the same chunks). One run over the whole prompt would hold heads x T x T
+    attention scores: 2.4 GB for SmolLM2 at T = 8,190."""
+    text = " ".join((ROOT / "docs" / "testing.md").read_text().split())
+    while len(encode_prompt(tokenizer, "continue", text)) > 480:
+        text = text[: int(len(text) * 0.97)]
+    ids = encode_prompt(tokenizer, "continue", text)
+    assert len(ids) > 300, len(ids)
+    ref = decode_ar(tiny_base, ids, 12, tiny_base.config.eos_token_id)
+    p = Page(browser, tiny_url, "?backend=wasm")
+    try:
+        for mode in ("ar", "mtp", "drafter"):
+            out = p.generate(prompt=text, mode=mode, k=3, maxNewTokens=12, trace=True)
+            assert out["promptIds"] == ids and out["ids"] == ref.ids, mode
+            base = [r["inputs"] for r in out["trace"] if r["graph"] == "base"]
+            assert [b["input_ids"]["dims"][1] for b in base[:2]] == [256, len(ids) - 1 - 256], mode
+            assert [b["past_key_0"]["dims"][1] for b in base[:2]] == [0, 256], mode
+            if mode == "drafter":
+                drafter = [r["inputs"]["input_ids"]["dims"][1] for r in out["trace"] if r["graph"] == "drafter"]
+                assert drafter[:2] == [256, len(ids) - 256], drafter
+        assert not p.errors, p.errors
+    finally:
+        p.close()
 
 
 def test_on_a_host_without_isolation_headers_a_service_worker_adds_them(browser, tiny_site):
@@ -250,9 +293,19 @@ def test_webgpu_dispatches_are_counted_per_run(browser, tiny_url):
     print(f"\nwebgpu dispatches per run: { {f'{g} x{n}': sorted(ds) for (g, n), ds in per_graph.items()} }")
 
 
+DAMAGE_CACHED_RUNTIME = """async () => {
+  const cache = await caches.open('frozen-mtp-models');
+  const [key] = (await cache.keys()).filter((r) => r.url.includes('ort-wasm-simd-threaded.wasm?sha256='));
+  const bytes = new Uint8Array(await (await cache.match(key)).arrayBuffer());
+  await cache.put(key, new Response(bytes.slice(0, bytes.length - 4096)));  // truncated in storage
+  return key.url;
+}"""
+
+
 def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
     """The model files and onnxruntime's WebAssembly runtime stay in Cache Storage after their download:
-    opening the page again (same browser profile) fetches the manifest only, and still decodes."""
+    opening the page again (same browser profile) fetches the manifest only, and still decodes. A runtime
+    damaged in Cache Storage fails its sha256 (the manifest's `runtimes`) and is downloaded again."""
     manifest = json.loads((tiny_site / "models" / "manifest.json").read_text())
     context = browser.new_context()
     try:
@@ -260,7 +313,12 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
         context.on("requestfinished", lambda r: ("/models/" in r.url or r.url.endswith(".wasm"))
                    and fetched.append(r.url.rsplit("/", 1)[1]))
         visits = []
-        for _ in range(2):
+        for visit in range(3):
+            if visit == 2:
+                page = context.new_page()
+                page.goto(tiny_url + "favicon-none")  # the site's origin, without loading the models
+                assert manifest["runtimes"]["vendor/ort/ort-wasm-simd-threaded.wasm"]["sha256"] in page.evaluate(DAMAGE_CACHED_RUNTIME)
+                page.close()
             fetched.clear()
             page = context.new_page()
             page.goto(tiny_url + "?backend=wasm")
@@ -273,8 +331,27 @@ def test_a_second_visit_fetches_no_model_bytes(browser, tiny_url, tiny_site):
         assert set(visits[0]) > {"manifest.json", manifest["tokenizer"], runtime}, visits[0]
         assert all(f in manifest["files"] for f in visits[0] if f not in ("manifest.json", runtime))
         assert visits[1] == ["manifest.json"], f"the second visit fetched {visits[1]}"
+        assert visits[2] == ["manifest.json", runtime], f"after the runtime was damaged in the cache: {visits[2]}"
     finally:
         context.close()
+
+
+def test_an_altered_webassembly_runtime_is_named(browser, tiny_site, tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(tiny_site, site)
+    wasm = site / "vendor" / "ort" / "ort-wasm-simd-threaded.wasm"
+    data = bytearray(wasm.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    wasm.write_bytes(bytes(data))
+    with served(site) as url:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(url + "?backend=wasm")
+            error = page.evaluate("window.frozenMTP.ready.then(() => 'loaded', (e) => e.message)")
+        finally:
+            context.close()
+    assert "ort-wasm-simd-threaded.wasm is altered or truncated" in error, error
 
 
 def test_page_ids_equal_the_python_reference(page, prompts, base, tokenizer, onnx_dir, reference):

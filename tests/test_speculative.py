@@ -286,3 +286,60 @@ def test_the_page_decodes_with_the_same_lookup_span_as_python(tmp_path):
     assert max(want.accepted) > 3, "a check of the span: some step accepted more than k"
     assert got == {"ids": want.ids, "accepted": want.accepted, "lookups": want.lookups, "verified": want.verified,
                    "fed": base.fed}
+
+
+CHUNKS_JS = r"""
+const [,, src] = process.argv;
+const { startRuntime } = await import(`${src}/runtime.mjs`);
+const ort = await startRuntime('wasm');  // its Tensor class: no session runs here
+const { OnnxBackend, PREFILL_CHUNK } = await import(`${src}/onnx_backend.mjs`);
+const kv = { layers: 1, shape: [1, 'S', 1, 2], past_inputs: ['past_key_0', 'past_value_0'],
+  present_outputs: ['present_key_0', 'present_value_0'] };
+const runs = [];
+const disposed = new Set();
+const floats = (dims) => new ort.Tensor('float32', new Float32Array(dims.reduce((a, b) => a * b)), dims);
+const sessions = {  // the graphs' shapes, no model: each run records what it read and returns fresh tensors
+  manifest: { context_length: 4096, kv, head: null, drafter: { k: 16, kv } }, dtype: 'float32', graphs: {},
+  dispose: (t) => t && disposed.add(t),
+  async run(graph, feeds) {
+    const [T, S, U] = [feeds.input_ids.dims[1], feeds.past_key_0.dims[1], feeds.outputs_at.dims[0]];
+    runs.push({ graph, T, S, used_freed: Object.values(feeds).some((t) => disposed.has(t)) });
+    return { choices: new ort.Tensor('int64', new BigInt64Array(U).fill(7n), [1, U]), margins: floats([1, U]),
+      hidden: floats([1, U, 2]), present_key_0: floats([1, S + T, 1, 2]), present_value_0: floats([1, S + T, 1, 2]) };
+  },
+};
+const backend = new OnnxBackend(sessions, { source: 'drafter', k: 2 });
+const prompt = Array.from({ length: 600 }, (_, i) => i % 50);
+const state = await backend.prefill(prompt.slice(0, -1));
+const [drafts] = await backend.draft(state, prompt.at(-1), 2);
+console.log(JSON.stringify({ chunk: PREFILL_CHUNK, runs, cache: state.cache.past_key_0.dims[1], ids: state.ids.length, drafts }));
+"""
+
+
+def test_the_page_reads_a_long_prompt_in_chunks_after_their_cache(tmp_path):
+    """web/src/onnx_backend.mjs, run by node on a fake base and drafter (the graphs' shapes, no model): a prefill of
+    599 tokens is three base runs of 256, 256 and 87 tokens, each after the cache of the ones before (never one
+    run over all: its attention would hold heads x T x T scores, 2.4 GB for SmolLM2 at T = 8,190); the drafter
+    reads the 600 tokens in the same chunks; no run reads a tensor the backend has already freed."""
+    import json
+    import shutil
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    src = tmp_path / "site"  # the page's modules with the onnxruntime-web build they import, as in a built site
+    shutil.copytree(ROOT / "web" / "src", src)
+    (src / "vendor" / "ort").mkdir(parents=True)
+    for name in ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs"):
+        shutil.copyfile(ROOT / "web" / "node_modules" / "onnxruntime-web" / "dist" / name, src / "vendor" / "ort" / name)
+    (tmp_path / "chunks.mjs").write_text(CHUNKS_JS)
+    run = subprocess.run(["node", str(tmp_path / "chunks.mjs"), src.as_uri()], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got["chunk"] == 256
+    base = [(r["T"], r["S"]) for r in got["runs"] if r["graph"] == "base"]
+    drafter = [(r["T"], r["S"]) for r in got["runs"] if r["graph"] == "drafter"]
+    assert base == [(256, 0), (256, 256), (87, 512)], base
+    assert drafter == [(256, 0), (256, 256), (88, 512), (1, 600)], drafter  # then its second draft
+    assert got["cache"] == got["ids"] == 599 and got["drafts"] == [7, 7]
+    assert not any(r["used_freed"] for r in got["runs"]), got["runs"]

@@ -42,7 +42,7 @@ def test_training_is_seeded_and_writes_a_loadable_checkpoint(tmp_path, small):
 def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, small):
     whole, _, _ = train_base(tmp_path / "whole", tiny_cfg(), LlamaConfig(**TINY), corpus=small)
     train_base(tmp_path / "cut", tiny_cfg(), LlamaConfig(**TINY), corpus=small, stop_at=3)
-    assert torch.load(tmp_path / "cut" / "state.pt", weights_only=False)["state"]["step"] == 3
+    assert torch.load(tmp_path / "cut" / "state.pt", weights_only=True)["state"]["step"] == 3
     # the resumed run needs no corpus: the tokenizer and the stream are read back from the run directory
     resumed, _, log = train_base(tmp_path / "cut", tiny_cfg(), LlamaConfig(**TINY), corpus=None)
     assert log["steps"] == 6

@@ -125,7 +125,12 @@ def chat_formats(tok: Tokenizer, template: str) -> dict[str, dict[str, list[int]
     encode = lambda text: tok.encode_batch([text], add_special_tokens=False)[0].ids  # noqa: E731
     formats = {}
     for task, instruction in CHAT_TASKS.items():
-        text = render(messages=[{"role": "user", "content": instruction + TEXT}], add_generation_prompt=True)
+        try:  # a template may raise (raise_exception), or use a variable it is not given ({{ tools.x }})
+            text = render(messages=[{"role": "user", "content": instruction + TEXT}], add_generation_prompt=True)
+        except Exception as e:
+            raise CheckpointError(f"the chat template fails to render a user message ({type(e).__name__}: {e})") from None
+        if TEXT not in text:
+            raise CheckpointError("the chat template leaves out the user's message")
         before, _, after = text.partition(TEXT)
         tok.encode_special_tokens = False  # the template's markers are markers ..
         try:

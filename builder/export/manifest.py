@@ -18,6 +18,7 @@ from pathlib import Path
 
 import onnx
 
+from ..atomic import locked, replacing
 from ..errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, 
 
 
 def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = None) -> dict:
-    """Exports the checkpoints into out/ (replacing an earlier export there) in the given precisions
+    """Exports the checkpoints into out/ (replacing an earlier export there, whole) in the given precisions
     (default: every one) and writes its manifest."""
     from ..decode.drafter import load_drafter
     from ..models.gguf import SOURCE, packed_blocks
@@ -129,28 +130,28 @@ def export(ckpts: Checkpoints, out: Path, precisions: tuple[str, ...] | None = N
     from .packed import pack, rows_of
 
     out = Path(out)
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise CheckpointError(f"{out} holds files and is not an ONNX export, which exporting there would replace: "
+                              "name a new or empty folder")
     precisions = precisions or tuple(PRECISIONS)
     base = load_llama(ckpts.base)
     head = load_head(ckpts.head, base) if ckpts.head is not None else None
     drafter = load_drafter(ckpts.drafter, base) if ckpts.drafter is not None else None
     logger.info("exporting %s to ONNX (%s) in %s", ", ".join(str(d) for d in vars(ckpts).values() if d),
              ", ".join(precisions), out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # no manifest describes a half-written export
-    for old in [*out.glob("*.onnx"), *out.glob("*.data"), *out.glob("*.blocks")]:
-        old.unlink()
-    graphs = export_graphs(base, head, drafter, out, precisions)
-    # a base imported from a GGUF: its weights also as the file's blocks, what the page downloads
-    packed = {}
-    if (Path(ckpts.base) / SOURCE).is_file():
-        blocks = packed_blocks(ckpts.base)
-        if head is not None and head.config.draft_vocab:  # the head's rows of the embedding and LM head
-            for weight in {id(w): w for w in (base.model.embed_tokens.weight, base.lm_head.weight)}.values():
-                blocks.update(rows_of(blocks, weight.detach().numpy(), head.d2t.numpy()))
-        packed = pack(out, blocks)
-        if "fp32" in graphs:
-            graphs["q4"], packed["base.q4.data"] = export_q4(out, graphs["fp32"], blocks, packed)
-    return write_manifest(ckpts, out, graphs, base, head, drafter, packed)
+    with replacing(out) as new:  # a kill mid-export leaves the earlier export whole (atomic.py)
+        graphs = export_graphs(base, head, drafter, new, precisions)
+        # a base imported from a GGUF: its weights also as the file's blocks, what the page downloads
+        packed = {}
+        if (Path(ckpts.base) / SOURCE).is_file():
+            blocks = packed_blocks(ckpts.base)
+            if head is not None and head.config.draft_vocab:  # the head's rows of the embedding and LM head
+                for weight in {id(w): w for w in (base.model.embed_tokens.weight, base.lm_head.weight)}.values():
+                    blocks.update(rows_of(blocks, weight.detach().numpy(), head.d2t.numpy()))
+            packed = pack(new, blocks)
+            if "fp32" in graphs:
+                graphs["q4"], packed["base.q4.data"] = export_q4(new, graphs["fp32"], blocks, packed)
+        return write_manifest(ckpts, new, graphs, base, head, drafter, packed)
 
 
 def export_q4(out: Path, fp32: dict, blocks: dict, packed: dict) -> tuple[dict, dict]:
@@ -180,10 +181,11 @@ def is_export_of(directory: Path, ckpts: Checkpoints, precisions: tuple[str, ...
 
 def ensure_export(ckpts: Checkpoints, directory: Path, precisions: tuple[str, ...] = tuple(PRECISIONS)) -> dict:
     """The manifest of the export of ckpts in directory, exported there first when missing or stale;
-    every file checked against the manifest."""
-    if not is_export_of(directory, ckpts, precisions):
-        export(ckpts, directory, precisions)
-    return read_manifest(directory)
+    every file checked against the manifest. Holds the export's lock: a second writer waits its turn."""
+    with locked(directory):
+        if not is_export_of(directory, ckpts, precisions):
+            export(ckpts, directory, precisions)
+        return read_manifest(directory)
 
 
 def read_manifest(directory: Path) -> dict:

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError
-from .llama import MLP, Llama, LlamaConfig, RMSNorm, apply_rope, load_config, load_state, rope_cos_sin
+from .llama import MLP, WEIGHTS_FILES, Llama, LlamaConfig, RMSNorm, apply_rope, load_config, load_state, rope_cos_sin
 
 
 @dataclass
@@ -258,14 +258,16 @@ def grow(head: MTPHead, num_layers: int, seed: int = 0) -> MTPHead:
 
 
 def save_head(head: MTPHead, directory: str | Path, extra: dict | None = None) -> None:
+    """Writes config.json and model.safetensors, both or neither (llama.py's save_llama)."""
     from safetensors.torch import save_file
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    from ..atomic import replacing
+
     cfg = {"model_type": "frozen_mtp_head", **asdict(head.config), **(extra or {})}
-    (directory / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
-    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    with replacing(Path(directory), keep=True, fresh=WEIGHTS_FILES) as new:
+        (new / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        save_file(state, new / "model.safetensors", metadata={"format": "pt"})
 
 
 def read_head_config(directory: str | Path) -> HeadConfig:

@@ -10,6 +10,7 @@ length n (rollback is a prefix view, with no copy).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -20,8 +21,20 @@ import torch.nn.functional as F
 
 from ..errors import CheckpointError
 
+logger = logging.getLogger(__name__)
+
+WEIGHTS_FILES = ("config.json", "model.safetensors")  # what a save writes (the checkpoint's other files stay)
 KV = tuple[torch.Tensor, torch.Tensor]  # (key, value), each (B, S, n_kv_heads, head_dim)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # what an adapter adapts
+
+
+# what config.json must give (the rest has Hugging Face's defaults), and the check of each field's type
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+TYPES = {"int": lambda v: type(v) is int and v > 0, "float": lambda v: type(v) in (int, float) and v > 0,
+         "bool": lambda v: type(v) is bool, "int | None": lambda v: v is None or type(v) is int or
+         (type(v) is list and all(type(i) is int for i in v))}  # eos_token_id: one id or a list
+TYPE_NAMES = {"int": "a whole number above 0", "float": "a number above 0", "bool": "true or false",
+              "int | None": "a token id or null"}
 
 
 @dataclass
@@ -57,6 +70,12 @@ class LlamaConfig:
         model_type = d.get("model_type")
         if model_type not in ("llama", "qwen2"):
             raise CheckpointError(f"unsupported model_type {model_type!r}: only Llama-family checkpoints are supported")
+        absent = [k for k in REQUIRED if k not in d]
+        if absent:
+            raise CheckpointError(f"config.json lacks {', '.join(absent)}")
+        for f in fields(cls):
+            if f.name in d and not TYPES[f.type](d[f.name]):
+                raise CheckpointError(f"config.json: {f.name} is {d[f.name]!r}, not {TYPE_NAMES[f.type]}")
         unsupported = []
         rope = d.get("rope_parameters") or {}  # transformers >= 5 writes rope_theta here
         if rope.get("rope_type", "default") != "default":
@@ -282,9 +301,12 @@ def load_config(directory: str | Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return config
 
 
 def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
@@ -296,10 +318,16 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file() and (Path(directory) / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{directory} holds a sharded checkpoint (model.safetensors.index.json): builder reads "
                               f"one model.safetensors; save it unsharded (save_pretrained(..., max_shard_size='100GB'))")
-    if not path.is_file() and (Path(directory) / "gguf.json").is_file():  # an imported base: its cache
-        from .gguf import materialize
+    if (Path(directory) / "gguf.json").is_file():  # an imported base: its cache, made again when missing or damaged
+        from ..atomic import locked
+        from .gguf import cache_intact, materialize
 
-        materialize(Path(directory))
+        if not (path.is_file() and cache_intact(Path(directory))):  # an intact cache needs no lock (read-only folders)
+            with locked(path):  # two commands starting at once import it once
+                if path.is_file() and not cache_intact(Path(directory)):
+                    logger.info("%s is not the cache the import wrote (truncated, altered or unchecked): importing again", path)
+                if not (path.is_file() and cache_intact(Path(directory))):
+                    materialize(Path(directory))
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:
@@ -310,7 +338,10 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
 
 def load_llama(directory: str | Path) -> Llama:
     """Loads a Hugging Face Llama-family checkpoint (config.json + model.safetensors) in fp32."""
-    cfg = LlamaConfig.from_hf(load_config(directory))
+    try:
+        cfg = LlamaConfig.from_hf(load_config(directory))
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace("config.json", str(Path(directory) / "config.json"), 1)) from None
     model = Llama(cfg)
     state = {k: v.to(torch.float32) for k, v in load_state(directory).items()}
     if cfg.tie_word_embeddings:
@@ -331,13 +362,15 @@ def load_llama(directory: str | Path) -> Llama:
 
 def save_llama(model: Llama, directory: str | Path, extra: dict | None = None) -> None:
     """Writes config.json and model.safetensors as transformers' save_pretrained would; extra: more keys for
-    config.json (transformers keeps unknown keys), e.g. the fingerprint of the base a drafter was distilled from."""
+    config.json (transformers keeps unknown keys), e.g. the fingerprint of the base a drafter was distilled from.
+    Both or neither: the folder is replaced whole (its other files kept), never left half old, half new."""
     from safetensors.torch import save_file
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({**model.config.to_hf(), **(extra or {})}, indent=2) + "\n")
+    from ..atomic import replacing
+
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if ".lora_" not in k}  # the base alone
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight")
-    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    with replacing(Path(directory), keep=True, fresh=WEIGHTS_FILES) as new:
+        (new / "config.json").write_text(json.dumps({**model.config.to_hf(), **(extra or {})}, indent=2) + "\n")
+        save_file(state, new / "model.safetensors", metadata={"format": "pt"})

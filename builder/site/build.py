@@ -6,9 +6,14 @@ build() reads as the recipe:
 3. render web/templates with jinja2, copy the page's ES modules and stylesheet;
 4. copy the graphs and weights files of the precisions asked for (a weights file with a packed form,
    export/packed.py: that form instead), the tokenizer, and a manifest that lists exactly those files;
-5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences).
+5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences); the
+   manifest records the sha256 of its WebAssembly runtimes, which the page checks in its cache.
 
 Every path in the site is relative, so the folder works on any static host.
+
+The site is written into a temporary sibling of out/ and renamed into place (atomic.py), so an interrupted
+build leaves the previous site as it was. build replaces only what it made: out/ must be new, empty, or a
+site it built (the marker file SITE_MARKER), and must not hold the ONNX export, the checkout or $HOME.
 """
 from __future__ import annotations
 
@@ -20,12 +25,14 @@ from pathlib import Path
 
 import jinja2
 
+from ..atomic import locked, replacing
 from ..errors import SiteError
-from ..export.manifest import MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files
+from ..export.manifest import FORMAT, MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files, sha256_file
 
 logger = logging.getLogger(__name__)
 
 WEB = Path(__file__).resolve().parents[2] / "web"
+SITE_MARKER = ".frozen-mtp-site"  # written into every site: a folder without it is not build's to replace
 # node_modules file -> site file. Two builds of onnxruntime-web, each bundle with the WebAssembly runtime
 # it imports next to itself; the page loads one (load.mjs): ort.webgpu.min.mjs, the native WebGPU bundle
 # (its asyncify runtime also runs the wasm EP), on WebGPU; ort.wasm.min.mjs, half the bytes, on WASM.
@@ -44,19 +51,51 @@ def build(ckpts: Checkpoints, out: Path, onnx_dir: Path, precisions: tuple[str, 
     """Builds the static site into out/ (replacing it) with the graphs of ckpts in the given precisions.
     Returns the site's manifest."""
     out = Path(out)
+    check_out(out, Path(onnx_dir))
     manifest = ensure_export(ckpts, Path(onnx_dir), precisions)  # every file checked against its sha256
     node_modules = npm_ci(WEB)
 
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "models").mkdir(parents=True)
-    site_manifest = site_models(manifest, Path(onnx_dir), precisions, out / "models")
-    render(out, site_manifest)
-    for src, dst in VENDOR.items():
-        (out / dst).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(node_modules / src, out / dst)
+    with locked(out):
+        check_out(out, Path(onnx_dir))  # again: another build may have written it meanwhile
+        with replacing(out) as new:
+            for src, dst in VENDOR.items():
+                (new / dst).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(node_modules / src, new / dst)
+            # the WebAssembly runtimes, which the page keeps in Cache Storage, checked there against these
+            runtimes = {dst: {"bytes": (new / dst).stat().st_size, "sha256": sha256_file(new / dst)}
+                        for dst in VENDOR.values() if dst.endswith(".wasm")}
+            (new / "models").mkdir()
+            site_manifest = site_models(manifest, Path(onnx_dir), precisions, new / "models", runtimes)
+            render(new, site_manifest)
+            (new / SITE_MARKER).write_text("a site written by `python -m builder build`, which replaces this folder\n")
     logger.info("built the site in %s (%.1f MB)", out, site_bytes(out) / 1e6)
     return site_manifest
+
+
+def check_out(out: Path, onnx_dir: Path) -> None:
+    """Refuses an --out that build would wrongly replace: one holding the export, the checkout or $HOME, or a
+    folder with files that is not a site build made."""
+    where = out.resolve()
+    for what, inside in (("the ONNX export", onnx_dir), ("the checkout", WEB.parent), ("your home folder", Path.home())):
+        if where == inside.resolve() or where in inside.resolve().parents:
+            raise SiteError(f"--out {out} holds {what} ({inside}), which building there would delete: "
+                            "name a folder of its own, e.g. build/site")
+    if where.exists() and not where.is_dir():
+        raise SiteError(f"--out {out} is a file, not a folder")
+    if where.is_dir() and any(where.iterdir()) and not is_site(where):
+        raise SiteError(f"--out {out} holds files and is not a site `build` made, which it would replace: "
+                        "name a new or empty folder")
+
+
+def is_site(directory: Path) -> bool:
+    """A site build wrote: its marker, or (built before the marker) index.html and a manifest of this format."""
+    if (directory / SITE_MARKER).is_file():
+        return True
+    try:
+        manifest = json.loads((directory / "models" / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return (directory / "index.html").is_file() and manifest.get("format") == FORMAT
 
 
 def npm_ci(web: Path) -> Path:
@@ -79,8 +118,9 @@ def npm_ci(web: Path) -> Path:
     return node_modules
 
 
-def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], models: Path) -> dict:
-    """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those."""
+def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], models: Path, runtimes: dict) -> dict:
+    """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those, and
+    of the site's WebAssembly runtimes (site path -> bytes and sha256)."""
     # q4 (export/nbits.py) comes with fp32: its files are fp32's but the base's, rebuilt from the same blocks
     q4 = ("q4",) if "fp32" in precisions and "q4" in manifest["precisions"] else ()
     kept = {p: manifest["precisions"][p] for p in (*precisions, *q4)}
@@ -90,7 +130,8 @@ def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], mod
     for name in sorted(files):
         if "packed" not in manifest["files"][name]:
             shutil.copyfile(onnx_dir / name, models / name)
-    site_manifest = {**manifest, "precisions": kept, "files": {f: manifest["files"][f] for f in sorted(files)}}
+    site_manifest = {**manifest, "precisions": kept, "files": {f: manifest["files"][f] for f in sorted(files)},
+                     "runtimes": runtimes}
     (models / MANIFEST).write_text(json.dumps(site_manifest, indent=2) + "\n")
     return site_manifest
 

@@ -4,7 +4,8 @@ MIME types the page needs (`.mjs` as JavaScript, `.wasm` as application/wasm); g
 browser accepts it, as static hosts do (onnxruntime's WebAssembly runtime goes over the wire as a quarter
 of its bytes; the weights files, float data a few per cent smaller at best, go as they are), made ahead at
 start and once per version of a file, with Last-Modified and 304; the COOP/COEP headers that make the
-page cross-origin isolated (WASM threads).
+page cross-origin isolated (WASM threads). No directory listings (a folder without index.html is 404),
+`X-Content-Type-Options: nosniff` (a file is only ever what its MIME type says), no server version.
 """
 from __future__ import annotations
 
@@ -37,8 +38,16 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME}
 
+    def send_header(self, keyword, value):
+        if keyword.lower() != "server":  # no Server header: the software and its version are nobody's business
+            super().send_header(keyword, value)
+
     def log_message(self, format, *args):
         pass
+
+    def list_directory(self, path):
+        self.send_error(404, "Not Found")
+        return None
 
     def send_head(self):
         path = Path(self.translate_path(self.path))
@@ -67,6 +76,7 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 
     def end_headers(self):
         self.send_header("Cache-Control", "no-cache")
+        self.send_header("X-Content-Type-Options", "nosniff")
         # cross-origin isolation: onnxruntime-web's WASM runs on several threads only in an isolated page
         self.send_header("Cross-Origin-Opener-Policy", "same-origin")
         self.send_header("Cross-Origin-Embedder-Policy", "require-corp")

@@ -87,7 +87,7 @@ class Run:
         if self.path is None or not self.path.is_file():
             return RunState()
         try:
-            saved = torch.load(self.path, map_location="cpu", weights_only=False)
+            saved = torch.load(self.path, map_location="cpu", weights_only=True)  # tensors and plain data: no code runs
         except Exception as e:  # torch raises several kinds for a truncated or foreign file
             raise CheckpointError(f"{self.path} is unreadable ({type(e).__name__}: {e}): pass --restart to "
                                   "discard it and start over") from None

@@ -37,15 +37,22 @@ export async function fetchModelFile(url, { sha256, bytes, onBytes } = {}) {
 
 /**
  * The WebAssembly runtime of the onnxruntime-web build in use (14.2 or 26.8 MB, the largest file after the
- * base's weights), kept in Cache Storage under onnxruntime-web's version like the model files, with the
- * same progress bar; handed to onnxruntime as `env.wasm.wasmBinary`, so that it does not fetch it again.
+ * base's weights), kept in Cache Storage under its sha256 like the model files and checked against it on
+ * every visit (the site manifest's `runtimes`), with the same progress bar; handed to
+ * onnxruntime as `env.wasm.wasmBinary`, so that it does not fetch it again.
  */
-export async function fetchRuntime({ url, key }, onProgress) {
+export async function fetchRuntime({ url, sha256, bytes }, onProgress) {
   const cache = await openCache();
+  const key = cacheKey(url, sha256);
   const hit = await cache?.match(key).catch(() => null);
-  if (hit) return new Uint8Array(await hit.arrayBuffer());
+  if (hit) {
+    const data = new Uint8Array(await hit.arrayBuffer());
+    if (await hex(data) === sha256) return data;
+    await cache.delete(key);  // damaged in storage: download it again
+  }
   let loaded = 0;
-  const data = await fetchBytes(url, { onBytes: (n, total) => onProgress?.(loaded += n, total, 'the WebAssembly runtime') });
+  const data = await fetchBytes(url, { sha256, bytes,
+    onBytes: (n, total) => onProgress?.(loaded += n, total, 'the WebAssembly runtime') });
   onProgress?.(data.length, data.length, 'the WebAssembly runtime');  // done, also where no total was known
   if (cache) {
     for (const old of await cache.keys()) if (old.url.startsWith(`${url.href}?`) && old.url !== key) await cache.delete(old);

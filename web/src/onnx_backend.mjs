@@ -5,6 +5,11 @@
 // first k_step of its drafts, as Python does) and the base verifying [token, drafts]. With the drafter:
 // its own cache, one drafter run per draft (drafter.mjs).
 //
+// A prompt is read in chunks of PREFILL_CHUNK tokens, each after the cache of those before it (the base graph's
+// past input, as a verify reads its drafts): the attention's scores are heads x chunk x (past + chunk), not
+// heads x T x T (2.4 GB for SmolLM2 at T = 8190, beyond the WASM heap and WebGPU's buffer limits). The
+// drafter reads a prompt in the same chunks.
+//
 // On WebGPU the KV cache, the hidden states and the embeddings of the base's choices stay on the GPU
 // ('gpu-buffer' outputs) and are fed as they are to the head and to the next base run; rollback is a prefix view of the same buffer, never a copy;
 // only token ids are read back (and the head's confidences, where the decode cuts drafts by them). The tensors a run returned are disposed once a later run replaced them,
@@ -12,6 +17,8 @@
 
 import { IndependentDrafter } from './drafter.mjs';
 import { ort } from './runtime.mjs';  // the onnxruntime-web build the page loaded
+
+export const PREFILL_CHUNK = 256;
 
 const int64 = (ids, dims = [1, ids.length]) => new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), dims);
 const mapValues = (object, f) => Object.fromEntries(Object.entries(object).map(([name, t]) => [name, f(t)]));
@@ -63,9 +70,13 @@ export class OnnxBackend {
     return this.sessions.run(graph, feeds, this.trace);
   }
 
-  /** The base reads ids (S = 0: no past yet) and decides after the last only (the graph's outputs_at). */
+  /** The base reads ids (S = 0: no past yet), PREFILL_CHUNK at a time, and decides after the last only (the
+   * graph's outputs_at). */
   async prefill(ids) {
-    const [, state] = await this.verify({ cache: emptyCache(this.kv, this.dtype), ids: [] }, ids, true);
+    let state = { cache: emptyCache(this.kv, this.dtype), ids: [] };
+    for (let start = 0; start < ids.length; start += PREFILL_CHUNK) {
+      [, state] = await this.verify(state, ids.slice(start, start + PREFILL_CHUNK), true);  // frees the chunk before's cache
+    }
     return state;
   }
 
@@ -114,14 +125,20 @@ export class OnnxBackend {
   /** The drafter graph behind the one drafting logic of drafter.mjs (its own cache, by prefix). */
   independentDrafter(kv) {
     const empty = emptyCache(kv, this.dtype);
-    const forward = async (ids, cache) => {
-      const out = await this.run('drafter', { input_ids: int64(ids), outputs_at: int64([ids.length - 1], [1]),
-        ...(cache ?? empty) });
-      this.sessions.dispose(out.margins);
-      this.sessions.dispose(out.hidden);
-      return [Number(out.choices.data[0]), cacheOf(out, kv)];
-    };
     const release = (cache) => Object.values(cache ?? {}).forEach((t) => this.sessions.dispose(t));
+    const forward = async (ids, cache) => {  // ids in chunks, as the base's prefill
+      let [choice, made] = [0, null];
+      for (let start = 0; start < ids.length; start += PREFILL_CHUNK) {
+        const chunk = ids.slice(start, start + PREFILL_CHUNK);
+        const out = await this.run('drafter', { input_ids: int64(chunk), outputs_at: int64([chunk.length - 1], [1]),
+          ...(made ?? cache ?? empty) });
+        this.sessions.dispose(out.margins);
+        this.sessions.dispose(out.hidden);
+        release(made);  // the cache of the chunk before, which this run has read (the caller's is the caller's)
+        [choice, made] = [Number(out.choices.data[0]), cacheOf(out, kv)];
+      }
+      return [choice, made];
+    };
     return new IndependentDrafter(forward, (cache, n) => mapValues(cache, (t) => prefix(t, n)), release);
   }
 

@@ -31,10 +31,12 @@ export async function startRuntime(backend) {
   return ort;
 }
 
-/** The WebAssembly runtime of the build in use, and the key it is cached under (onnxruntime-web's version). */
-export function runtimeFile() {
+/** The WebAssembly runtime of the build in use: its URL, and its bytes and sha256 as the site's manifest records them. */
+export function runtimeFile(manifest) {
   const url = new URL(build.runtime, import.meta.url);
-  return { url, key: `${url.href}?ort=${ort.env.versions.web}` };
+  const spec = manifest.runtimes?.[build.runtime.replace('./', '')];
+  if (!spec) throw new PageError(`the manifest records no sha256 for ${url}: rebuild the site`);
+  return { url, ...spec };
 }
 
 // The WebGPU compute dispatches onnxruntime-web issues, counted at the WebGPU API: at this model size a

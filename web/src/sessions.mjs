@@ -40,7 +40,7 @@ export async function loadModels(modelsUrl, { backend, precision, threads = 1, o
   pruneCache(modelsUrl, manifest);  // in the background
   // special tokens are encoded by id, never parsed out of the user's text: the JS tokenizer gets no added tokens
   const tokenizer = new TaskTokenizer(new Tokenizer(unicodeDigits({ ...json, added_tokens: [] }), {}), manifest);
-  ort.env.wasm.wasmBinary ??= await fetchRuntime(runtimeFile(), onProgress);  // read when the runtime starts
+  ort.env.wasm.wasmBinary ??= await fetchRuntime(runtimeFile(manifest), onProgress);  // read when the runtime starts
   const built = Object.keys(manifest.precisions);
   const sessions = new Sessions(manifest, modelsUrl, backend, [precision].flat().find((p) => built.includes(p)) ?? built[0],
     { onProgress, onLost });
