@@ -343,3 +343,112 @@ def test_every_api_call_writes_the_torch_reference_tokens_on_the_tiny_model(brow
         assert page.errors == []
     finally:
         page.close()
+
+
+def test_streams_yield_whole_characters_as_steps_are_accepted(tiny_page):
+    got = tiny_page.run("""async () => {
+      const writer = await Writer.create({maxNewTokens: 40});
+      const chunks = [];
+      for await (const chunk of writer.writeStreaming('Tell me about émojis 🍐 and 日本語, please.')) chunks.push(chunk);
+      return {chunks, decode: frozenMTPAI.decodes.at(-1)};
+    }""")
+    chunks, decode = got["chunks"], got["decode"]
+    assert "".join(chunks) == decode["text"], "the chunks do not add up to the text"
+    assert 1 < len(chunks) <= decode["steps"], f"{len(chunks)} chunks from {decode['steps']} steps"
+    for c in chunks:  # whole characters: no half of a surrogate pair, no undecided UTF-8 bytes at a chunk's end
+        assert c == c.encode("utf-16", "surrogatepass").decode("utf-16", "strict") and not c.endswith("\ufffd"), chunks
+        c.encode("utf-8")  # a lone surrogate would raise here
+    tiny_page.decodes()
+
+
+def test_abort_stops_a_stream_mid_way_and_frees_the_run(tiny_page):
+    got = tiny_page.run("""async () => {
+      const summarizer = await Summarizer.create({maxNewTokens: 200});
+      const controller = new AbortController();
+      const reader = summarizer.summarizeStreaming('A long text to summarize. '.repeat(4), {signal: controller.signal}).getReader();
+      const first = await reader.read();
+      controller.abort();
+      const after = await reader.read().then(() => 'read', (e) => e.name);
+      const t0 = performance.now();
+      const next = await summarizer.summarize('Another text.', {context: ''});  // the same model, usable again
+      return {first: first.value, after, next, ms: performance.now() - t0, decodes: frozenMTPAI.decodes.splice(0)};
+    }""")
+    assert got["first"] and got["after"] == "AbortError", got
+    stopped, nxt = got["decodes"]
+    assert stopped["stopped"] == "stopped" and len(stopped["ids"]) < 200, stopped  # ended after the running step
+    assert nxt["start"] >= stopped["end"] and got["next"] == nxt["text"]
+
+
+def test_concurrent_calls_are_queued_never_interleaved(tiny_page):
+    got = tiny_page.run("""async () => {
+      const [a, b] = await Promise.all([Summarizer.create({maxNewTokens: 10}), Writer.create({maxNewTokens: 10})]);
+      const together = await Promise.all([a.summarize('First text.'), b.write('Second text.'), a.summarize('Third text.')]);
+      const decodes = frozenMTPAI.decodes.splice(0);
+      const alone = [await a.summarize('First text.'), await b.write('Second text.'), await a.summarize('Third text.')];
+      frozenMTPAI.decodes.splice(0);
+      return {together, alone, decodes};
+    }""")
+    assert got["together"] == got["alone"]
+    spans = sorted((d["start"], d["end"]) for d in got["decodes"])
+    assert len(spans) == 3 and all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+
+
+def test_destroy_and_misuse_reject_with_the_specs_dom_exceptions(tiny_page):
+    got = tiny_page.run("""async () => {
+      const name = (p) => Promise.resolve().then(p).then(() => 'resolved', (e) => `${e instanceof DOMException ? 'DOMException' : e.constructor.name} ${e.name}`);
+      const s = await Summarizer.create({maxNewTokens: 100});
+      const running = name(() => s.summarize('Some text to summarize, at length.'));
+      await new Promise((r) => setTimeout(r, 30));
+      s.destroy();
+      const lm = await LanguageModel.create();
+      const controller = new AbortController();
+      const w = await Writer.create({signal: controller.signal});
+      controller.abort();  // after create: the same as destroy()
+      return {
+        inFlight: await running,
+        afterDestroy: await name(() => s.summarize('More.')),
+        measureAfterDestroy: await name(() => s.measureInputUsage('More.')),
+        afterSignal: await name(() => w.write('Hello.')),
+        tooLong: await name(() => lm.prompt('word '.repeat(400))),
+        tooLongSummary: await name(() => Summarizer.create().then((x) => x.summarize('word '.repeat(400)))),
+        image: await name(() => lm.prompt([{role: 'user', content: [{type: 'image', value: new Blob()}]}])),
+        system: await name(() => lm.prompt([{role: 'system', content: 'Late.'}])),
+        sampling: await name(() => LanguageModel.create({topK: 3, temperature: 0.7})),
+        constraint: await name(() => lm.prompt('Hi', {responseConstraint: {type: 'object'}})),
+        tone: await name(() => Writer.create({tone: 'formal'})),
+        types: await name(() => Proofreader.create({includeCorrectionTypes: true})),
+        empty: await Summarizer.create().then((x) => x.summarize('   ')),
+      };
+    }""")
+    tiny_page.decodes()
+    assert got == {"inFlight": "DOMException AbortError", "afterDestroy": "DOMException AbortError",
+                   "measureAfterDestroy": "DOMException AbortError", "afterSignal": "DOMException AbortError",
+                   "tooLong": "DOMException QuotaExceededError", "tooLongSummary": "DOMException QuotaExceededError",
+                   "image": "DOMException NotSupportedError", "system": "TypeError TypeError",
+                   "sampling": "DOMException NotSupportedError", "constraint": "DOMException NotSupportedError",
+                   "tone": "DOMException NotSupportedError", "types": "DOMException NotSupportedError", "empty": ""}, got
+
+
+def test_a_language_model_counts_its_context(tiny_page, chat_tiny):
+    got = tiny_page.run("""async () => {
+      const lm = await LanguageModel.create({initialPrompts: [{role: 'system', content: 'Be brief.'}], maxNewTokens: 6});
+      const start = lm.contextUsage;
+      const measured = await lm.measureContextUsage('How are you today?');
+      await lm.append('How are you today?');
+      const appended = lm.contextUsage;
+      const clone = await lm.clone();
+      await lm.prompt('And tomorrow?');
+      const quota = await lm.prompt('word '.repeat(300)).catch((e) => ({name: e.name, requested: e.requested, quota: e.quota}));
+      return {window: lm.contextWindow, start, measured, appended, after: lm.contextUsage, cloneUsage: clone.contextUsage,
+              history: lm.history, quota};
+    }""")
+    tiny_page.decodes()
+    tok = load_tokenizer(chat_tiny.base)
+    conversation = [{"role": "system", "content": "Be brief."}]
+    # a conversation's usage: the ids the next prompt reads before the new message (with the answer's opening)
+    assert got["window"] == TINY_CONTEXT and got["start"] == len(encode_chat(tok, conversation))
+    conversation.append({"role": "user", "content": "How are you today?"})
+    assert got["appended"] == len(encode_chat(tok, conversation)) == got["start"] + got["measured"]
+    assert got["cloneUsage"] == got["appended"], "a clone starts where its original was"
+    assert got["after"] == len(encode_chat(tok, got["history"])) > got["appended"]
+    assert got["quota"]["name"] == "QuotaExceededError" and got["quota"]["requested"] > got["quota"]["quota"] == TINY_CONTEXT - 1

@@ -106,6 +106,24 @@ class TextStream {
   }
 }
 
+/** Resolves after the messages already queued for this worker (an abort) have been handled: a decode whose
+ * runs resolve without giving the event loop a turn (WASM) would otherwise read its signal only at the end. */
+const nextTask = () => new Promise((resolve) => {
+  const channel = new MessageChannel();
+  channel.port1.onmessage = () => { channel.port1.close(); resolve(); };
+  channel.port2.postMessage(null);
+});
+
+/** The backend, each base pass after a turn of the event loop (see nextTask). */
+function yielding(backend) {
+  const verify = backend.verify.bind(backend);
+  backend.verify = async (...args) => {
+    await nextTask();
+    return verify(...args);
+  };
+  return backend;
+}
+
 /** One generation, queued behind the running one; MTP at the manifest's default k, prompt lookup as its default. */
 function generate(id, prompt, maxNewTokens, post) {
   const controller = new AbortController();
@@ -116,7 +134,7 @@ function generate(id, prompt, maxNewTokens, post) {
     const promptIds = encode(m, prompt);
     const k = manifest.defaults.k;
     const draftCut = manifest.draft_cut?.[sessions.backend] ?? 0;
-    const backend = new OnnxBackend(sessions, { source: 'head', k, draftCut });
+    const backend = yielding(new OnnxBackend(sessions, { source: 'head', k, draftCut }));
     await sessions.open(backend.graphs);
     const stream = new TextStream(tokenizer);
     const t0 = performance.now();

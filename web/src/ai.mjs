@@ -197,12 +197,17 @@ class TaskModel extends EventTarget {
   stream(run, signal) {
     const controller = new AbortController();
     const both = signal ? AbortSignal.any([signal, controller.signal]) : controller.signal;
+    let open = true;  // until closed, errored or cancelled: a step's text may arrive after an abort
     return new ReadableStream({
       start: (stream) => {
-        run(both, (text) => { if (!controller.signal.aborted) stream.enqueue(text); })
-          .then(() => { if (!controller.signal.aborted) stream.close(); }, (e) => stream.error(e));
+        run(both, (text) => { if (open) stream.enqueue(text); }).then(() => { if (open) stream.close(); }, (e) => {
+          if (open) stream.error(e);
+        }).finally(() => { open = false; });
       },
-      cancel: (reason) => controller.abort(reason),  // the reader gave up: stop decoding
+      cancel: (reason) => {  // the reader gave up: stop decoding
+        open = false;
+        controller.abort(reason);
+      },
     });
   }
 

@@ -4,8 +4,11 @@
 
 const WORD = /[\p{L}\p{N}\p{M}'’_-]/u;
 
-/** The edit script of a -> b as runs: {eq: text} or {del: text of a, ins: text of b}, in order. */
-function diffRuns(a, b) {
+/** The edit script of a -> b as runs: {eq: text} or {del: text of a, ins: text of b}, in order; by code
+ * points, so that no run splits a surrogate pair. */
+function diffRuns(textA, textB) {
+  const a = Array.from(textA);
+  const b = Array.from(textB);
   // common prefix and suffix first: a sentence with a few typos leaves a small table in between
   let start = 0;
   while (start < a.length && start < b.length && a[start] === b[start]) start += 1;
@@ -22,7 +25,7 @@ function diffRuns(a, b) {
         : Math.max(lcs[(i + 1) * (m + 1) + j], lcs[i * (m + 1) + j + 1]);
     }
   }
-  const runs = [{ eq: a.slice(0, start) }];
+  const runs = [{ eq: a.slice(0, start).join('') }];
   const push = (kind, ch) => {
     const last = runs.at(-1);
     if (kind === 'eq') {
@@ -48,7 +51,7 @@ function diffRuns(a, b) {
       i += 1;
     }
   }
-  push('eq', a.slice(a.length - end));
+  push('eq', a.slice(a.length - end).join(''));
   return runs.filter((r) => r.eq !== '');
 }
 
