@@ -452,3 +452,73 @@ def test_a_language_model_counts_its_context(tiny_page, chat_tiny):
     assert got["cloneUsage"] == got["appended"], "a clone starts where its original was"
     assert got["after"] == len(encode_chat(tok, got["history"])) > got["appended"]
     assert got["quota"]["name"] == "QuotaExceededError" and got["quota"]["requested"] > got["quota"]["quota"] == TINY_CONTEXT - 1
+
+
+# ---------------------------------------------------------------- SmolLM2 and its shipped head
+
+@pytest.mark.slow
+def test_every_api_call_on_smollm2_writes_the_torch_reference_tokens_on_wasm(browser, smol_url, smol_base):
+    page = ApiPage(browser, smol_url, "?backend=wasm")
+    try:
+        page.click()
+        out = page.run(ALL_APIS, {"n": 8, "texts": TEXTS})
+        decodes = page.decodes()
+        near_ties = check_exact(smol_base, all_api_calls(load_tokenizer(SMOL), out), decodes)
+        accepted = sum(sum(d["accepted"]) for d in decodes)
+        print(f"SmolLM2, wasm: {len(decodes)} API calls exact, {near_ties} near-ties, "
+              f"{sum(len(d['ids']) for d in decodes)} tokens, {accepted} drafts accepted in {sum(d['steps'] for d in decodes)} steps")
+        assert accepted > 0, "MTP accepted no draft: the head is not in use"
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+FRAMES_WHILE_STREAMING = """async (text) => {
+  const summarizer = await Summarizer.create({type: 'tldr', length: 'short', maxNewTokens: 24});
+  await summarizer.summarize('Warm up.');  // sessions open, kernels compiled: the stream below is decoding only
+  let frames = 0;
+  let streaming = true;
+  const tick = () => { frames += 1; if (streaming) requestAnimationFrame(tick); };
+  const chunks = [];
+  const t0 = performance.now();
+  requestAnimationFrame(tick);
+  for await (const chunk of summarizer.summarizeStreaming(text)) chunks.push(chunk);
+  streaming = false;
+  const ms = performance.now() - t0;
+  return {fps: frames / (ms / 1000), ms, frames, chunks: chunks.length, decode: frozenMTPAI.decodes.at(-1)};
+}"""
+
+
+@pytest.mark.slow
+def test_the_page_keeps_50_frames_per_second_while_a_summary_streams(browser, smol_url):
+    page = ApiPage(browser, smol_url, "?backend=wasm")
+    try:
+        page.click()
+        got = page.run(FRAMES_WHILE_STREAMING, TEXTS["summarize"])
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "frames.json").write_text(json.dumps({k: got[k] for k in ("fps", "ms", "frames", "chunks")}) + "\n")
+        print(f"SmolLM2 on WASM in a worker: {got['fps']:.1f} frames/s on the main thread over {got['ms']:.0f} ms "
+              f"while {len(got['decode']['ids'])} tokens streamed in {got['chunks']} chunks")
+        assert got["chunks"] > 1 and got["ms"] > 500, got
+        assert got["fps"] >= 50, f"{got['fps']:.1f} frames/s while a summary streamed"
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+@pytest.mark.slow
+def test_an_api_call_on_smollm2_writes_the_torch_reference_tokens_on_webgpu(browser, smol_url, smol_base):
+    """SwiftShader emulates the GPU on the CPU (a pass of SmolLM2 takes seconds): one call, few tokens, q4."""
+    page = ApiPage(browser, smol_url, "?backend=webgpu")
+    try:
+        page.click()
+        text = "Teh cat sat."
+        out = page.run("""async (text) => (await Proofreader.create({maxNewTokens: 3})).proofread(text)""", text)
+        decodes = page.decodes()
+        assert decodes[0]["backend"] == "webgpu" and decodes[0]["precision"] == "q4", decodes
+        near_ties = check_exact(smol_base, [("Proofreader.proofread", encode_prompt(load_tokenizer(SMOL), "proofread", text))],
+                                decodes)
+        print(f"SmolLM2, webgpu q4: 1 API call exact, {near_ties} near-ties, {len(decodes[0]['ids'])} tokens: {out}")
+        assert page.errors == []
+    finally:
+        page.close()
