@@ -101,9 +101,11 @@ class ApiPage:
     """api.html of a site (it loads ai.mjs) in a browser context of its own (its own Cache Storage), with its
     console errors and uncaught errors recorded."""
 
-    def __init__(self, browser, url: str, query: str = "", context=None):
+    def __init__(self, browser, url: str, query: str = "", context=None, init_script: str | None = None):
         self.context = context or browser.new_context()
         self.page = self.context.new_page()
+        if init_script:
+            self.page.add_init_script(init_script)
         self.errors = []
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("console", lambda m: m.type == "error" and "onnxruntime" not in m.text and self.errors.append(m.text))
@@ -340,6 +342,11 @@ def test_every_api_call_writes_the_torch_reference_tokens_on_the_tiny_model(brow
               f"{sum(len(d['ids']) for d in decodes)} tokens")
         assert out["summary"] == decodes[0]["text"] and out["reply"] == decodes[2]["text"]
         assert out["proofread"]["correctedInput"] == decodes[1]["text"].strip()
+        rebuilt, at = "", 0  # the corrections turn the input into the corrected input
+        for c in out["proofread"]["corrections"]:
+            rebuilt += TEXTS["proofread"][at:c["startIndex"]] + c["correction"]
+            at = c["endIndex"]
+        assert rebuilt + TEXTS["proofread"][at:] == out["proofread"]["correctedInput"], out["proofread"]
         assert page.errors == []
     finally:
         page.close()
@@ -350,8 +357,13 @@ def test_streams_yield_whole_characters_as_steps_are_accepted(tiny_page):
       const writer = await Writer.create({maxNewTokens: 40});
       const chunks = [];
       for await (const chunk of writer.writeStreaming('Tell me about émojis 🍐 and 日本語, please.')) chunks.push(chunk);
-      return {chunks, decode: frozenMTPAI.decodes.at(-1)};
+      const decode = frozenMTPAI.decodes.at(-1);
+      const lm = await LanguageModel.create({maxNewTokens: 12});
+      const chat = [];
+      for await (const chunk of lm.promptStreaming('Hello there!')) chat.push(chunk);
+      return {chunks, decode, chat, chatText: frozenMTPAI.decodes.at(-1).text, history: lm.history.at(-1).content};
     }""")
+    assert "".join(got["chat"]) == got["chatText"] == got["history"] and len(got["chat"]) > 1, got
     chunks, decode = got["chunks"], got["decode"]
     assert "".join(chunks) == decode["text"], "the chunks do not add up to the text"
     assert 1 < len(chunks) <= decode["steps"], f"{len(chunks)} chunks from {decode['steps']} steps"
@@ -371,9 +383,21 @@ def test_abort_stops_a_stream_mid_way_and_frees_the_run(tiny_page):
       const after = await reader.read().then(() => 'read', (e) => e.name);
       const t0 = performance.now();
       const next = await summarizer.summarize('Another text.', {context: ''});  // the same model, usable again
-      return {first: first.value, after, next, ms: performance.now() - t0, decodes: frozenMTPAI.decodes.splice(0)};
+      const decodes = frozenMTPAI.decodes.splice(0);
+      // an aborted prompt adds nothing to the conversation
+      const lm = await LanguageModel.create({maxNewTokens: 150});
+      const usage = lm.contextUsage;
+      const stop = new AbortController();
+      const chat = lm.promptStreaming('Tell me a long story.', {signal: stop.signal}).getReader();
+      await chat.read();
+      stop.abort();
+      const chatAfter = await chat.read().then(() => 'read', (e) => e.name);
+      await lm.measureContextUsage('x');  // queued behind the aborted prompt: runs once its decode ended
+      return {first: first.value, after, next, ms: performance.now() - t0, decodes, chatAfter,
+              history: lm.history.length, usage: [usage, lm.contextUsage], chatDecode: frozenMTPAI.decodes.splice(0)[0]};
     }""")
-    assert got["first"] and got["after"] == "AbortError", got
+    assert got["first"] and got["after"] == got["chatAfter"] == "AbortError", got
+    assert got["chatDecode"]["stopped"] == "stopped" and got["history"] == 0 and got["usage"][0] == got["usage"][1], got
     stopped, nxt = got["decodes"]
     assert stopped["stopped"] == "stopped" and len(stopped["ids"]) < 200, stopped  # ended after the running step
     assert nxt["start"] >= stopped["end"] and got["next"] == nxt["text"]
@@ -439,8 +463,12 @@ def test_a_language_model_counts_its_context(tiny_page, chat_tiny):
       const clone = await lm.clone();
       await lm.prompt('And tomorrow?');
       const quota = await lm.prompt('word '.repeat(300)).catch((e) => ({name: e.name, requested: e.requested, quota: e.quota}));
+      const s = await Summarizer.create({sharedContext: 'Shared.'});
+      const w = await Writer.create();
       return {window: lm.contextWindow, start, measured, appended, after: lm.contextUsage, cloneUsage: clone.contextUsage,
-              history: lm.history, quota};
+              history: lm.history, quota, params: await LanguageModel.params(),
+              summarizer: [s.inputQuota, await s.measureInputUsage('Some text.', {context: 'Today.'})],
+              writer: [w.inputQuota, await w.measureInputUsage('Some text.')]};
     }""")
     tiny_page.decodes()
     tok = load_tokenizer(chat_tiny.base)
@@ -452,6 +480,25 @@ def test_a_language_model_counts_its_context(tiny_page, chat_tiny):
     assert got["cloneUsage"] == got["appended"], "a clone starts where its original was"
     assert got["after"] == len(encode_chat(tok, got["history"])) > got["appended"]
     assert got["quota"]["name"] == "QuotaExceededError" and got["quota"]["requested"] > got["quota"]["quota"] == TINY_CONTEXT - 1
+    assert got["params"] == {"defaultTopK": 1, "maxTopK": 1, "defaultTemperature": 0, "maxTemperature": 0}
+    # a Summarizer's or Writer's input usage: its whole prompt, the task's format and the contexts included
+    assert got["summarizer"] == [TINY_CONTEXT - 1, len(encode_prompt(tok, "summarize", "Shared.\n\nToday.\n\nSome text."))]
+    assert got["writer"] == [TINY_CONTEXT - 1, len(encode_prompt(tok, "reply", "Some text."))]
+
+
+# a browser's own Writer that works, defined before any script of the page
+WORKING_NATIVE = "globalThis.Writer = class { static async availability() { return 'available'; } };"
+
+
+@pytest.mark.parametrize("query,kept", [("", True), ("?ai=replace", False)])
+def test_a_browsers_own_working_api_is_kept_unless_the_page_asks(browser, tiny_url, query, kept):
+    page = ApiPage(browser, tiny_url, query, init_script=WORKING_NATIVE)
+    try:
+        got = page.run("() => ({writer: frozenMTPAI.apis.Writer, ours: typeof Writer.prototype.writeStreaming})")
+        assert (got["writer"]["implementation"] == "native") == kept and (got["ours"] == "function") != kept, got
+        assert page.errors == []
+    finally:
+        page.close()
 
 
 # ---------------------------------------------------------------- SmolLM2 and its shipped head

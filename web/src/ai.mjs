@@ -468,6 +468,7 @@ export class LanguageModel extends TaskModel {
     return this.call(async () => {
       const [chat, used] = await this.extend(input);
       const out = await this.decode({ chat }, this.maxNewTokens ?? this.contextWindow - used, { signal, onChunk });
+      signal?.throwIfAborted();  // an aborted prompt (its decode ended after the running step) adds nothing
       this.history = [...chat, { role: 'assistant', content: out.text }];
       this.usage = await ask('count', { prompt: { chat: this.history } });
       return out.text;
