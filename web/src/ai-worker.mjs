@@ -24,9 +24,10 @@ let loading = false;     // a load is downloading or opening graphs now
 let chain = Promise.resolve();  // one decode at a time, in the order asked
 const controllers = new Map();  // generation id -> its AbortController
 
-/** The graphs a task decodes with: the base and the head graph of the manifest's default k. Where a task
- * comes to need files of its own (an adapter), this is the one place that names them: they open on demand. */
-const graphsFor = (manifest) => ['base', manifest.head.by_k[manifest.defaults.k]];
+/** The graphs a task ('chat' for LanguageModel) decodes with: the base and the head graph of the manifest's
+ * default k, the same for every task today. Where a task comes to need files of its own (a per-task adapter),
+ * this is the one place that names them: `generate` opens them on demand before that task's first decode. */
+const graphsFor = (manifest, task = 'chat') => ['base', manifest.head.by_k[manifest.defaults.k]];
 
 /** The precision loadModels would open for this backend choice, among the site's. */
 function precisionOf(manifest, choice) {
@@ -135,7 +136,7 @@ function generate(id, prompt, maxNewTokens, post) {
     const k = manifest.defaults.k;
     const draftCut = manifest.draft_cut?.[sessions.backend] ?? 0;
     const backend = yielding(new OnnxBackend(sessions, { source: 'head', k, draftCut }));
-    await sessions.open(backend.graphs);
+    await sessions.open([...backend.graphs, ...graphsFor(manifest, prompt.task ?? 'chat')]);  // a task's own files too
     const stream = new TextStream(tokenizer);
     const t0 = performance.now();
     try {
