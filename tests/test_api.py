@@ -67,9 +67,10 @@ def site_of(ckpts: Checkpoints, onnx_dir, out):
 
 @pytest.fixture(scope="module")
 def tiny_url(chat_tiny, tmp_path_factory):
+    """Its export kept in build/api-tiny-onnx (the same seeded weights each run: reused until the code changes)."""
     from builder.site.browser import served
 
-    site = site_of(chat_tiny, tmp_path_factory.mktemp("chat-tiny-onnx"), tmp_path_factory.mktemp("chat-tiny-site"))
+    site = site_of(chat_tiny, ROOT / "build" / "api-tiny-onnx", tmp_path_factory.mktemp("chat-tiny-site"))
     with served(site) as address:
         yield address
 
@@ -496,6 +497,29 @@ def test_a_browsers_own_working_api_is_kept_unless_the_page_asks(browser, tiny_u
     try:
         got = page.run("() => ({writer: frozenMTPAI.apis.Writer, ours: typeof Writer.prototype.writeStreaming})")
         assert (got["writer"]["implementation"] == "native") == kept and (got["ours"] == "function") != kept, got
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_the_api_page_uses_the_four_apis(browser, tiny_url):
+    """api.html, the demo's page of the task APIs: each button's answer appears, and it says what is in use."""
+    import time
+
+    page = ApiPage(browser, tiny_url, "?backend=wasm")
+    try:
+        for button, output in (("#summarize", "#summary"), ("#proofread", "#proofread-output"), ("#reply", "#reply-output"),
+                               ("#send", "#chat .assistant")):
+            page.page.click(button)  # a real click: the first one downloads the models
+            for _ in range(600):  # the page's CSP forbids wait_for_function's eval
+                if page.run("([o, b]) => document.querySelector(o)?.textContent.length > 0 && !document.querySelector(b).disabled",
+                            [output, button]):
+                    break
+                time.sleep(0.2)
+            assert page.page.text_content(output), f"{button}: no answer in {output}"
+        assert page.page.is_hidden("#api-message"), page.page.text_content("#api-message")
+        assert "LanguageModel: this site's models" in page.page.text_content("#api-in-use")
+        assert "tokens of context used" in page.page.text_content("#context-usage")
         assert page.errors == []
     finally:
         page.close()

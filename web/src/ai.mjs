@@ -109,11 +109,12 @@ async function availabilityOf(options, choices) {
  * downloaded needs the page's transient user activation (a click), as the specs say.
  */
 async function load(options, choices) {
+  const activated = navigator.userActivation?.isActive;  // when create() was called, before any wait
   const why = unsupported(options, choices);
   if (why) throw notSupported(why);
   options.signal?.throwIfAborted();
   const state = await abortable(ask('availability'), options.signal);
-  if (state === 'downloadable' && !navigator.userActivation?.isActive) {
+  if (state === 'downloadable' && !activated) {
     throw new DOMException('downloading the model needs a user gesture: call create() from a click handler', 'NotAllowedError');
   }
   const monitor = new EventTarget();
