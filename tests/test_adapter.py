@@ -211,12 +211,11 @@ def test_notification_stacks_are_people_or_notices_from_their_split():
 def test_the_few_shot_prompt_is_the_chat_template_with_worked_examples():
     from pathlib import Path
 
-    from builder.data.tasks import chat_template, load_tokenizer
+    from builder.data.tasks import load_tokenizer
     from builder.train.adapter import FEW_SHOT, few_shot_prompt
 
-    base = Path(__file__).resolve().parent.parent / "models" / "base"
-    tok = load_tokenizer(base)
-    ids = few_shot_prompt(tok, chat_template(base), "Sam: lunch at 1?")
+    tok = load_tokenizer(Path(__file__).resolve().parent.parent / "models" / "base")
+    ids = few_shot_prompt(tok, "Sam: lunch at 1?")
     text = tok.decode(ids, skip_special_tokens=False)
     assert text.count("<|im_start|>user") == len(FEW_SHOT) + 1 and text.count("<|im_start|>assistant") == len(FEW_SHOT) + 1
     assert text.endswith("Sam: lunch at 1?<|im_end|>\n<|im_start|>assistant\n")

@@ -79,12 +79,14 @@ def test_build_copies_only_what_the_page_needs(site):
     for precision, spec in manifest["precisions"].items():
         assert set(spec["graphs"]) == {"base", "drafter", *heads}, f"{precision}: not the graphs the page runs"
     files = {str(f.relative_to(site)) for f in site.rglob("*") if f.is_file()}
-    modules = ["app.mjs", "runtime.mjs", "files.mjs", "sessions.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs", "blocks.mjs"]
-    expected = {"index.html", *modules, "coi-sw.js", "style.css", "models/manifest.json", SITE_MARKER,
+    modules = ["app.mjs", "runtime.mjs", "files.mjs", "sessions.mjs", "tasks.mjs", "generate.mjs", "onnx_backend.mjs", "drafter.mjs", "errors.mjs", "blocks.mjs",
+               "ai.mjs", "ai-worker.mjs", "corrections.mjs", "api-demo.mjs"]  # the task APIs (docs/api.md) and api.html's
+    expected = {"index.html", "api.html", *modules, "coi-sw.js", "style.css", "models/manifest.json", SITE_MARKER,
                 *(f"models/{f}" for f, m in manifest["files"].items() if "packed" not in m), *VENDOR.values()}
     assert files == expected
-    html = (site / "index.html").read_text()
-    assert "http://" not in html and "https://" not in html and 'src="/' not in html, "paths must be relative"
+    for page in ("index.html", "api.html"):
+        html = (site / page).read_text()
+        assert "http://" not in html and "https://" not in html and 'src="/' not in html, f"{page}: paths must be relative"
 
 
 def test_every_task_has_example_texts_on_the_page(site):

@@ -77,6 +77,7 @@ class TaskTokenizer:
     Everything else (encode, decode, token_to_id, ..) is the `tokenizers.Tokenizer`'s own."""
     tokenizer: Tokenizer
     tasks: dict[str, dict[str, list[int]]]  # task -> {"prefix": ids, "suffix": ids}
+    chat: dict | None = None  # a chat model's template as turns (`chat_turns`): the page's LanguageModel
 
     def __getattr__(self, name):
         return getattr(self.tokenizer, name)
@@ -98,7 +99,7 @@ def load_tokenizer(directory: str | Path) -> TaskTokenizer:
     tok.encode_special_tokens = True  # "<|fix|>" typed by a user is text, not the marker
     template = chat_template(Path(directory))
     if template is not None:
-        return TaskTokenizer(tok, chat_formats(tok, template))
+        return TaskTokenizer(tok, chat_formats(tok, template), chat_turns(tok, template))
     bos = load_config(directory).get("bos_token_id") if (Path(directory) / "config.json").is_file() else None
     return TaskTokenizer(tok, prompt_formats(tok, bos[0] if isinstance(bos, list) else bos))
 
@@ -140,19 +141,54 @@ def chat_formats(tok: Tokenizer, template: str) -> dict[str, dict[str, list[int]
     return formats
 
 
-def chat_ids(tok: TaskTokenizer, template: str, messages: list[dict]) -> list[int]:
-    """The ids of a whole conversation in the chat template (several turns, as a few-shot prompt has), ended by
-    the assistant's turn opening. The template's markers are recognised in the rendered text, so the turns'
-    own text must hold none (the texts builder writes itself; a user's text goes through encode_prompt)."""
+ROLES = ("system", "user", "assistant")
+
+
+def chat_turns(tok: Tokenizer, template: str) -> dict:
+    """The chat template cut into the ids a conversation is made of (the page's LanguageModel builds its
+    prompts from these, `encode_chat` in Python): per role, the ids before and after a message's text
+    ("roles"); the system turn the template adds to a conversation that opens without one
+    ("default_system", SmolLM2's "You are a helpful AI assistant named SmolLM.."); and the ids that open
+    the assistant's answer ("generation"). Each part is rendered alone (the template's markers
+    recognised), as `chat_formats` renders a task's prompt around the user's text."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    text = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template).render(
-        messages=messages, add_generation_prompt=True)
-    tok.tokenizer.encode_special_tokens = False
+    render = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template).render
+    opening = [{"role": "system", "content": "S"}]
+
+    def after(messages, generation=False):  # the text these messages add after the opening system turn
+        head, text = render(messages=opening), render(messages=opening + messages, add_generation_prompt=generation)
+        if not text.startswith(head):
+            raise CheckpointError("the chat template does not render a conversation turn by turn")
+        return text[len(head):]
+
+    pieces = {"system": render(messages=[{"role": "system", "content": TEXT}]).partition(TEXT)[::2],
+              **{role: after([{"role": role, "content": TEXT}]).partition(TEXT)[::2] for role in ROLES[1:]}}
+    before_user = render(messages=[{"role": "user", "content": TEXT}]).partition(TEXT)[0]
+    if not before_user.endswith(pieces["user"][0]):
+        raise CheckpointError("the chat template does not render a conversation turn by turn")
+    default_system = before_user[:len(before_user) - len(pieces["user"][0])]
+    encode = lambda text: tok.encode_batch([text], add_special_tokens=False)[0].ids if text else []  # noqa: E731
+    tok.encode_special_tokens = False  # the template's markers are markers ..
     try:
-        return tok.tokenizer.encode(text, add_special_tokens=False).ids
+        return {"roles": {role: {"prefix": encode(before), "suffix": encode(after_)}
+                          for role, (before, after_) in pieces.items()},
+                "default_system": encode(default_system), "generation": encode(after([], generation=True))}
     finally:
-        tok.tokenizer.encode_special_tokens = True
+        tok.encode_special_tokens = True  # .. a message's text never holds one
+
+
+def encode_chat(tok: TaskTokenizer, messages: list[dict]) -> list[int]:
+    """A conversation's prompt ids, as the page's LanguageModel builds them from `chat_turns`: the default
+    system turn when the first message is not the system's, each message's turn, then the ids that open
+    the assistant's answer."""
+    if tok.chat is None:
+        raise PromptError("this model has no chat template")
+    ids = [] if messages and messages[0]["role"] == "system" else list(tok.chat["default_system"])
+    for m in messages:
+        turn = tok.chat["roles"][m["role"]]
+        ids += turn["prefix"] + encode_text(tok, m["content"]) + turn["suffix"]
+    return ids + tok.chat["generation"]
 
 
 def prompt_formats(tok: Tokenizer, bos_id: int | None) -> dict[str, dict[str, list[int]]]:

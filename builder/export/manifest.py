@@ -94,6 +94,7 @@ def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, 
         "eos_token_id": cfg.eos_token_id,
         "special_tokens": special_tokens(tok.tokenizer),
         "tasks": tok.tasks,
+        "chat": tok.chat,  # a chat model's template as turns (tasks.py's chat_turns), else null
         # mode -> its draft source: the modes this export can run (a mode whose source was not exported is left out)
         "modes": {mode: source for mode, source in MODES.items() if source is None or sources_here[source] is not None},
         "defaults": {"mode": DEFAULT_MODE if head is not None else "ar",

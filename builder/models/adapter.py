@@ -27,6 +27,7 @@ from ..errors import CheckpointError
 from .llama import PROJECTIONS, Llama, Projection
 
 PREFIX = "base_model.model."  # PEFT's prefix of a LoraModel's keys
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def projections(model: Llama):
@@ -77,15 +78,14 @@ def save_adapter(model: Llama, directory: str | Path, rank: int, alpha: float, e
     base's fingerprint and the feature)."""
     from safetensors.torch import save_file
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    from ..atomic import replacing
+
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
               "bias": "none", "target_modules": list(PROJECTIONS), "fan_in_fan_out": False, **extra}
     state = {k: v.to(torch.float16).contiguous() for k, v in adapter_state(model).items()}
-    tmp = directory / "adapter_model.safetensors.tmp"
-    save_file(state, tmp, metadata={"format": "pt"})
-    tmp.replace(directory / "adapter_model.safetensors")
-    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    with replacing(Path(directory), keep=True, fresh=ADAPTER_FILES) as new:  # both or neither, the card kept
+        save_file(state, new / "adapter_model.safetensors", metadata={"format": "pt"})
+        (new / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def read_adapter_config(directory: str | Path) -> dict:

@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data.everyday import proofread_pairs, reply_pairs, summary_faults, summary_inputs
-from ..data.tasks import chat_ids, chat_template, decode, encode_prompt, encode_text, load_tokenizer
+from ..data.tasks import decode, encode_chat, encode_prompt, encode_text, load_tokenizer
 from ..errors import CheckpointError, UserError
 from ..models.adapter import add_adapter, projections, remove_adapter, save_adapter
 from ..models.head import base_fingerprint
@@ -153,19 +153,18 @@ FEW_SHOT = [  # written for this prompt: a message stack, a notice, a stack that
 ]
 
 
-def few_shot_prompt(tok, template: str, stack: str) -> list[int]:
+def few_shot_prompt(tok, stack: str) -> list[int]:
     """The base asked for a summary of stack after three worked examples, each a turn of the chat."""
     messages = []
     for example, summary in FEW_SHOT:
         messages += [{"role": "user", "content": FEW_SHOT_INSTRUCTION + example}, {"role": "assistant", "content": summary}]
-    return chat_ids(tok, template, messages + [{"role": "user", "content": FEW_SHOT_INSTRUCTION + stack}])
+    return encode_chat(tok, messages + [{"role": "user", "content": FEW_SHOT_INSTRUCTION + stack}])
 
 
-def distilled_summaries(base: Llama, tok, base_dir: Path, stacks: list[str], fingerprint: str) -> list[dict]:
+def distilled_summaries(base: Llama, tok, stacks: list[str], fingerprint: str) -> list[dict]:
     """The base's greedy summary of every stack under the few-shot prompt (kept in build/distill/, resumable),
     each with the faithfulness checks' faults: the candidates; those with none are the training targets."""
-    template = chat_template(Path(base_dir))
-    prompts = [few_shot_prompt(tok, template, s) for s in stacks]
+    prompts = [few_shot_prompt(tok, s) for s in stacks]
     got = distilled(base, fingerprint, prompts, NEW_TOKENS["summarize"], part=128)
     out = []
     for stack, (n, seq) in zip(stacks, got):
@@ -222,9 +221,9 @@ def train_adapter(base_dir: Path, out: Path, run_dir: Path, cfg: AdapterTrainCon
     pairs = PAIRS[cfg.task]("train", cfg.examples, seed=cfg.seed)
     candidates = None
     if cfg.task == "summarize":  # targets: the base's own few-shot summaries that pass every check
-        if chat_template(Path(base_dir)) is None:
+        if tok.chat is None:
             raise UserError(f"summarize's targets come from the base's chat template, and {base_dir} has none")
-        candidates = distilled_summaries(base, tok, base_dir, [s for s, _ in pairs], fingerprint)
+        candidates = distilled_summaries(base, tok, [s for s, _ in pairs], fingerprint)
         pairs = [(c["stack"], c["summary"]) for c in candidates if not c["faults"]]
         logger.info("summarize: kept %d of %d candidate summaries", len(pairs), len(candidates))
     evaluation = held_out(cfg.task, cfg.eval_examples)

@@ -15,6 +15,12 @@ const CACHE = 'frozen-mtp-models';
 const openCache = () => (globalThis.caches ? caches.open(CACHE).catch(() => null) : Promise.resolve(null));
 const cacheKey = (url, sha256) => `${url.href.split('?')[0]}?sha256=${sha256}`;
 
+/** Whether Cache Storage holds a model file (`url` and its sha256) or the runtime (its key, no sha256). */
+export async function isCached(url, sha256 = null) {
+  const cache = await openCache();
+  return !!await cache?.match(sha256 ? cacheKey(url, sha256) : String(url)).catch(() => null);
+}
+
 /**
  * A model file: from Cache Storage when it holds this very file (its sha256 checked again), else
  * downloaded, checked and stored.
