@@ -71,8 +71,9 @@ def test_a_checkpoint_of_other_settings_is_an_error_that_says_what_to_do(tmp_pat
 def test_an_unreadable_checkpoint_is_an_error_naming_it(tmp_path):
     (tmp_path / "state.pt").write_bytes(b"not a checkpoint")
     model, opt = setup()
-    with pytest.raises(CheckpointError, match=r"state\.pt is unreadable.*--restart"):
+    with pytest.raises(CheckpointError, match=r"state\.pt is unreadable.*--restart") as err:
         train(model, opt, regression(model), Schedule(0.1, 2), Run(tmp_path, {}), steps=3)
+    assert "\n" not in str(err.value), "the CLI prints errors as one line"
 
 
 def test_a_minutes_budget_fixes_the_steps_after_timing_the_first_ones(tmp_path, caplog):

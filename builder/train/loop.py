@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 import signal
 import time
 from collections.abc import Callable
@@ -89,7 +90,10 @@ class Run:
         try:
             saved = torch.load(self.path, map_location="cpu", weights_only=True)  # tensors and plain data: no code runs
         except Exception as e:  # torch raises several kinds for a truncated or foreign file
-            raise CheckpointError(f"{self.path} is unreadable ({type(e).__name__}: {e}): pass --restart to "
+            # torch's own message runs to several lines (a weights-only refusal explains itself at length)
+            why = ("not tensors and plain data alone" if isinstance(e, pickle.UnpicklingError)
+                   else (str(e).strip().splitlines() or [""])[0][:160])
+            raise CheckpointError(f"{self.path} is unreadable ({type(e).__name__}: {why}): pass --restart to "
                                   "discard it and start over") from None
         if not isinstance(saved, dict) or saved.get("key") != self.key:
             raise CheckpointError(f"{self.path} holds a run with other settings, another base or other data: "
