@@ -53,7 +53,9 @@ def test_bench_measures_a_peer_as_it_measures_plain_decoding():
     for r in got["rows"]:
         assert len(r["tokens_per_s_rounds"]) == 2 and 0 < r["tokens_per_s"] < r["decode_tokens_per_s"]
         assert 0 < r["prefill_share"] < 1 and 1 <= r["mean_new_tokens"] <= 6
-        assert r["mismatches"] + r["near_ties"] <= 1  # 6 tokens after a 1.19-logit first choice: may part near a tie
+        # llama.cpp rounds activations to 8 bits, and its kernels depend on the CPU: whether it parts from our
+        # reference varies by machine, but at one thread it is deterministic, so both rounds give one verdict
+        assert r["mismatches"] + r["near_ties"] in (0, 2), f"rounds disagree: {r}"
     peers = [{"runtime": "llamacpp-native-1thread", "peer": "llamacpp", "threads": 1, **r} for r in got["rows"]]
     ours = [{"runtime": "onnx-cpu", "task": r["task"], "mode": mode, "k": k, "tokens_per_s": r["tokens_per_s"] * x,
              "tokens_per_s_rounds": [r["tokens_per_s"] * x], "speedup_vs_ar": x / 0.5} for r in got["rows"]
