@@ -1,4 +1,4 @@
-"""`python -m builder <command>`: the command line of ../shared/CONTRACT.md.
+"""`python -m builder <command>`: the command line of docs/contract.md.
 
 Every failure a user can cause (bad arguments, missing or corrupt files, a prompt that cannot be
 decoded) ends as one line on stderr and a non-zero exit, never a traceback.
