@@ -34,7 +34,7 @@ def run(*args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProcess:
 
 
 def expect_error(r: subprocess.CompletedProcess, *fragments):
-    """The CLI failed as CONTRACT.md says: non-zero, one line on stderr holding every fragment, no traceback."""
+    """The CLI failed as docs/contract.md says: non-zero, one line on stderr holding every fragment, no traceback."""
     assert r.returncode != 0, f"expected failure, got success: {r.stdout}"
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got:\n{r.stderr}"

@@ -1,10 +1,10 @@
-"""`bench --json`: CONTRACT.md's fields, exact outputs, and a report beside the JSON (a small run)."""
+"""`bench --json`: docs/contract.md's fields, exact outputs, and a report beside the JSON (a small run)."""
 from __future__ import annotations
 
 import json
 
 from builder.data.tasks import load_tokenizer
-from builder.decode.loop import LOOKUP_SPAN
+from builder.contract import LOOKUP_SPAN
 from tests.conftest import INHOUSE, BASE_DIR, run
 
 

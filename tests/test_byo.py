@@ -10,12 +10,15 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from builder.data.corpus import load_text_corpus, prompts_digest, validation_prompts
 from builder.decode.loop import compare_to_reference
 from builder.decode.torch_backend import decode_ar
 from builder.models.llama import load_llama
 from builder.models.head import base_fingerprint
 from builder.data.tasks import encode_prompt, load_tokenizer
 from tests.conftest import Page, run
+
+pytestmark = pytest.mark.slow  # every test needs the fixture's two heads, trained (91 s each alone on 2 cores)
 
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, bos_token_id=0, eos_token_id=1,
@@ -78,8 +81,12 @@ def test_train_head_reports_tau_and_leaves_the_base_alone(byo):
     log = json.loads((head_dir / "train_log.json").read_text())
     assert log["device"] == "cpu" and log["data"].endswith("my_text.txt") and log["resumed_at_step"] == 0
     assert not (head_dir / "checkpoint").exists(), "the checkpoint is removed once the head is saved"
-    digest = log["acceptance_prompts_sha256"]  # which held-back prompts the card's tau table was measured on
-    assert len(digest) == 16 and int(digest, 16) >= 0 and f"(task, prompt) pairs `{digest}`" in (head_dir / "README.md").read_text()
+    # which held-back prompts the card's tau table was measured on: the user's text's, 4 per task (--eval-prompts)
+    held_back = load_text_corpus(log["data"])
+    prompts = validation_prompts(held_back, min(4, len(held_back.validation)), tasks=tuple(load_tokenizer(base_dir).tasks))
+    digest = log["acceptance_prompts_sha256"]
+    assert digest == prompts_digest(prompts), "the digest is not that of the prompts tau was measured on"
+    assert f"(task, prompt) pairs `{digest}`" in (head_dir / "README.md").read_text()
     config = json.loads((head_dir / "config.json").read_text())
     assert config["base_fingerprint"] == base_fingerprint(load_llama(base_dir))  # the base file is unchanged
 

@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from builder.models.llama import save_llama
 from tests.conftest import ROOT, run
 from tests.test_mtp import tiny_setup
+
+pytestmark = pytest.mark.slow  # two trainings of a head, one of them under torchrun
 
 
 def test_two_processes_train_the_head_one_process_trains(corpus, tmp_path):

@@ -22,6 +22,7 @@ def smol():
     return load_llama(SMOL).eval()  # imports the GGUF on first use (checked by fingerprint)
 
 
+@pytest.mark.slow  # dequantizes and fingerprints the whole of SmolLM2
 def test_import_writes_the_committed_checkpoint_and_its_fingerprint(tmp_path):
     meta = json.loads((SMOL / "gguf.json").read_text())
     got = gguf.import_gguf({k: meta[k] for k in ("package", "module", "file")}, tmp_path)

@@ -24,7 +24,7 @@ def head(base):
 
 
 def test_mtp_output_equals_plain_greedy_for_k_1_to_6(base, head, tokenizer, validation_prompts, reference):
-    """60 validation prompts (30 per task) never trained on, k = 1..6: CONTRACT.md's exactness rule."""
+    """60 validation prompts (30 per task) never trained on, k = 1..6: docs/contract.md's exactness rule."""
     eos = base.config.eos_token_id
     near_ties, checked = [], 0
     for p in validation_prompts:
@@ -287,7 +287,7 @@ def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
 
 def test_batched_distillation_is_each_prompts_own_greedy_decoding(base, tokenizer, validation_prompts):
     """Prompts of different lengths share a left-padded batch: each row's continuation is the base's own
-    plain greedy decoding of its prompt (CONTRACT.md's rule), and the features kept with it are those of
+    plain greedy decoding of its prompt (docs/contract.md's rule), and the features kept with it are those of
     the base run on the sequence alone (hidden states, the read layer's keys at the sequence's own
     positions, values), to fp16's precision."""
     from builder.decode.torch_backend import decode_ar

@@ -12,8 +12,8 @@ import onnx
 import pytest
 import torch
 
-from builder.export.manifest import MANIFEST
-from builder.decode.loop import DEFAULT_LOOKUP, DEFAULT_MODE, DRAFT_CUT, LOOKUP_SPAN, compare_to_reference, decode
+from builder.contract import DEFAULT_LOOKUP, DEFAULT_MODE, DRAFT_CUT, LOOKUP_SPAN, MANIFEST
+from builder.decode.loop import compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.errors import CheckpointError
 from builder.models.head import load_head
@@ -144,7 +144,7 @@ def test_fp32_graphs_of_a_checkpoint_saved_in_fp16_compute_in_fp32_on_its_values
     from builder.models.llama import load_llama, load_state
 
     rounded = {}
-    for role, d in vars(tiny).items():
+    for role, d in tiny.models().items():
         shutil.copytree(d, tmp_path / role)
         state = {k: v.half() for k, v in load_state(d).items()}
         save_file(state, tmp_path / role / "model.safetensors")
@@ -259,7 +259,7 @@ def test_accepting_and_rolling_back_the_onnx_cache_gives_the_reference(backend, 
 
 def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer, validation_prompts, reference):
     """60 validation prompts of both tasks, plain and mtp with k = 1..6, on the path the page runs (the
-    head graph of k drafts, then the base verifying k + 1): CONTRACT.md's exactness rule."""
+    head graph of k drafts, then the base verifying k + 1): docs/contract.md's exactness rule."""
     eos = base.config.eos_token_id
     near_ties, checked = [], 0
     for p in validation_prompts:

@@ -1,6 +1,6 @@
 """The static site in headless Chromium (Debian's, driven by Playwright), built and served by the fixtures.
 
-- the page's ids equal the Python torch reference (CONTRACT.md's exactness rule) on WebGPU and WASM,
+- the page's ids equal the Python torch reference (docs/contract.md's exactness rule) on WebGPU and WASM,
   plain, MTP and the independent drafter, for validation prompts of both tasks;
 - the page's tokenizer gives Python's ids for tricky text;
 - each weights file is fetched once per page and shared by the graphs that read it; an altered graph or
@@ -24,7 +24,8 @@ from collections import Counter
 import pytest
 
 from builder.site.browser import served
-from builder.decode.loop import DRAFT_CUT, LOOKUP_SPAN, compare_to_reference, decode
+from builder.contract import DRAFT_CUT, LOOKUP_SPAN
+from builder.decode.loop import compare_to_reference, decode
 from builder.decode.torch_backend import decode_ar
 from builder.decode.onnx_backend import OnnxBackend
 from builder.site.build import SITE_MARKER, VENDOR

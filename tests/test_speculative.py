@@ -10,7 +10,8 @@ import random
 import pytest
 import torch
 
-from builder.decode.loop import LOOKUP_SPAN, cut_drafts, decode, prompt_lookup
+from builder.contract import LOOKUP_SPAN
+from builder.decode.loop import cut_drafts, decode, prompt_lookup
 from builder.decode.torch_backend import TorchBackend, decode_ar
 from builder.models.llama import Llama, LlamaConfig
 from tests.conftest import check_steps

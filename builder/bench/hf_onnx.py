@@ -47,7 +47,8 @@ import torch.nn as nn
 
 from ..export.fuse import INLINE_BYTES, untranspose, without_provenance
 from ..export.graphs import OPSET
-from ..models.llama import Llama, load_config, load_llama, rope_cos_sin
+from ..models.head import base_fingerprint
+from ..models.llama import Llama, LlamaConfig, load_config, load_llama, rope_cos_sin
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "hf-onnx"
@@ -133,8 +134,6 @@ def logits_to_keep(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def hf_config(model_dir: Path) -> dict:
     """config.json for transformers.js: the checkpoint's, normalized by LlamaConfig, and where the weights are."""
-    from ..models.llama import LlamaConfig
-
     cfg = LlamaConfig.from_hf(load_config(model_dir))
     return {**cfg.to_hf(), "transformers.js_config": {"dtype": "fp32", "use_external_data_format": True}}
 
@@ -145,8 +144,6 @@ def cache_key(model_dir: Path) -> str:
     if source.is_file():
         fingerprint = json.loads(source.read_text())["fingerprint"]
     else:
-        from ..models.head import base_fingerprint
-
         fingerprint = base_fingerprint(load_llama(model_dir))
     return hashlib.sha256(f"{fingerprint}:hf-onnx-{FORMAT}".encode()).hexdigest()[:20]
 

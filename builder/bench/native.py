@@ -59,7 +59,7 @@ def run_llamacpp(prompts: list[list[int]], n_predict: int, threads: Threads = 1,
 def bench_llamacpp(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
                    model_dir: Path = ROOT / "models" / "base") -> dict:
     """llama.cpp native on n_per_task validation prompts of each task (chat-formatted by the project's
-    tokenizer), at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness
+    tokenizer), at each thread count, against the PyTorch reference's greedy ids (docs/contract.md's exactness
     rule): bench_wllama's prompts, new tokens and verdicts."""
     prompts, ids, refs = references(model_dir, n_per_task, new_tokens)
     return {"new_tokens": new_tokens, "runs": [judge(run_llamacpp(ids, new_tokens, t), prompts, refs) for t in threads]}

@@ -27,7 +27,13 @@ from functools import partial
 from pathlib import Path
 from typing import TypedDict
 
+from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
+from ..data.tasks import encode_prompt, load_tokenizer
+from ..decode.loop import compare_to_reference
+from ..decode.torch_backend import decode_ar
 from ..models.gguf import find_gguf
+from ..models.llama import load_config, load_llama
+from ..site.browser import chromium, running
 from ..site.serve import Handler, Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,8 +82,6 @@ def serve_wllama(gguf: Path | None = None) -> Iterator[str]:
 @contextmanager
 def serving(root: Path) -> Iterator[str]:
     """A peer's folder on a free port of 127.0.0.1 with serve.py's handler (COOP/COEP); yields its URL."""
-    from ..site.browser import running
-
     with running(Server(("127.0.0.1", 0), partial(Handler, directory=str(root)))) as url:
         yield url
 
@@ -121,11 +125,6 @@ def decode_all(generate, prompts: list[list[int]], n_predict: int, warmup: bool)
 def references(model_dir: Path, n_per_task: int, new_tokens: int):
     """n_per_task validation prompts of each task (chat-formatted by the project's tokenizer): the prompts,
     their token ids and the PyTorch reference's greedy decodes of them."""
-    from ..data.corpus import HEAD_SOURCES, load_corpus, validation_prompts
-    from ..data.tasks import encode_prompt, load_tokenizer
-    from ..decode.torch_backend import decode_ar
-    from ..models.llama import load_config, load_llama
-
     tok = load_tokenizer(model_dir)
     prompts = validation_prompts(load_corpus(HEAD_SOURCES), n_per_task, tasks=tuple(tok.tasks))
     ids = [encode_prompt(tok, p["task"], p["prompt"]) for p in prompts]
@@ -134,9 +133,7 @@ def references(model_dir: Path, n_per_task: int, new_tokens: int):
 
 
 def judge(run: dict, prompts: list[dict], refs) -> dict:
-    """Each result of a peer's run set against the reference (CONTRACT.md's exactness rule), in place."""
-    from ..decode.loop import compare_to_reference
-
+    """Each result of a peer's run set against the reference (docs/contract.md's exactness rule), in place."""
     for p, ref, r in zip(prompts, refs, run["results"]):
         r["task"], r["reference"] = p["task"], ref.ids
         r["verdict"], r["first_difference"] = compare_to_reference(ref, r["ids"])
@@ -165,9 +162,7 @@ def run_wllama(browser, prompts: list[list[int]], n_predict: int, threads: Threa
 def bench_wllama(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
                  model_dir: Path = ROOT / "models" / "base") -> dict:
     """wllama on n_per_task validation prompts of each task (chat-formatted by the project's tokenizer),
-    at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness rule)."""
-    from ..site.browser import chromium
-
+    at each thread count, against the PyTorch reference's greedy ids (docs/contract.md's exactness rule)."""
     prompts, ids, refs = references(model_dir, n_per_task, new_tokens)
     with chromium() as browser:
         return {"new_tokens": new_tokens, "runs": [judge(run_wllama(browser, ids, new_tokens, t), prompts, refs)

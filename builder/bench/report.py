@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODE_NAMES = {"ar": "plain", "mtp": "MTP", "drafter": "drafter"}
+from ..contract import MODE_LABELS
 
 
 def best(results: list[dict], runtime: str, task: str, mode: str) -> dict | None:
@@ -88,7 +88,7 @@ def full_table(data: dict) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in data["results"]:
         acc = " ".join(f"{a:.2f}" for a in r["accept_by_position"]) or "-"
-        lines.append(f"| {r['runtime']} | {r['task']} | {MODE_NAMES[r['mode']]} | {r['k'] or '-'} | {spread(r)} "
+        lines.append(f"| {r['runtime']} | {r['task']} | {MODE_LABELS[r['mode']]} | {r['k'] or '-'} | {spread(r)} "
                      f"| {r['speedup_vs_ar']:.2f}x | {r['tau']:.2f} | {r['speedup_per_tau']:.2f} | {acc} "
                      f"| {r['mismatches']} | {r['near_ties']} |")
     return "\n".join(lines)
@@ -277,7 +277,7 @@ def plots(data: dict, out: Path) -> list[str]:
         width = 0.27
         for i, mode in enumerate(("ar", "mtp", "drafter")):
             vals = [(best(results, rt, task, mode) or {}).get("tokens_per_s", 0) for rt in runtimes]
-            ax.bar([x + (i - 1) * width for x in range(len(runtimes))], vals, width, label=MODE_NAMES[mode])
+            ax.bar([x + (i - 1) * width for x in range(len(runtimes))], vals, width, label=MODE_LABELS[mode])
         ax.set_xticks(range(len(runtimes)), runtimes, fontsize=8)
         ax.set_yscale("log")
         ax.set_title(f"{task}: tokens/s (best k)")
@@ -288,7 +288,7 @@ def plots(data: dict, out: Path) -> list[str]:
             rows = [r for r in results if r["task"] == task and r["mode"] == mode and r["runtime"] == runtimes[0]]
             if rows:
                 r = max(rows, key=lambda r: r["k"])
-                ax.plot(range(1, len(r["accept_by_position"]) + 1), r["accept_by_position"], marker="o", label=f"{MODE_NAMES[mode]} k={r['k']}")
+                ax.plot(range(1, len(r["accept_by_position"]) + 1), r["accept_by_position"], marker="o", label=f"{MODE_LABELS[mode]} k={r['k']}")
         ax.set_ylim(0, 1)
         ax.set_xlabel("draft position")
         ax.set_title(f"{task}: share of steps accepting draft i")
@@ -301,7 +301,7 @@ def plots(data: dict, out: Path) -> list[str]:
                               key=lambda r: r["k"])
                 if len(rows) > 1:
                     ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], style, marker="o",
-                            label=f"{rt} {MODE_NAMES[mode]}")
+                            label=f"{rt} {MODE_LABELS[mode]}")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xlabel("k (drafts per step)")
         ax.set_title(f"{task}: speed over plain decoding")

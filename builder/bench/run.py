@@ -37,7 +37,10 @@ speedup tau x dispatches(plain step) / dispatches(MTP step) of a GPU that spends
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
+import platform
 import statistics
 import time
 from collections import Counter
@@ -45,36 +48,42 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..data.tasks import ALL_TASKS
-from ..decode.loop import DEFAULT_LOOKUP, MODES
-from ..export.manifest import Checkpoints
+from ..contract import DEFAULT_LOOKUP, MODES, PEERS, RUNTIMES
+from ..data.corpus import load_corpus, validation_prompts
+from ..data.messages import held_back
+from ..data.tasks import ALL_TASKS, encode_prompt, load_tokenizer
+from ..decode.drafter import load_drafter, torch_drafter
+from ..decode.loop import Decoded, acceptance, compare_to_reference, decode
+from ..decode.onnx_backend import OnnxBackend
+from ..decode.torch_backend import TorchBackend, decode_ar
+from ..export.manifest import Checkpoints, ensure_export, read_manifest
+from ..models.head import load_head, read_head_config
+from ..models.llama import load_llama
+from ..site.browser import chromium, chromium_path, served
+from ..site.build import build
+from .hf_onnx import export_hf_onnx
+from .native import run_llamacpp
+from .peers import run_wllama, wllama_page
+from .transformersjs import run_transformersjs, transformersjs_page
 
 logger = logging.getLogger(__name__)
 
-RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-wasm-1thread", "browser-webgpu")
 # what each browser runtime asks of the page: browser-wasm runs as many WASM threads as the page picks
 # for this machine (one per core, at most 4), browser-wasm-1thread one
 PAGE_QUERY = {"browser-wasm": "?backend=wasm", "browser-wasm-1thread": "?backend=wasm&threads=1",
               "browser-webgpu": "?backend=webgpu"}
 
 
-# the peers (see above) and their runtimes, each with the threads it gets: as many as the page's browser-wasm
-# picks ("max": one per core, at most 4) and one, as browser-wasm-1thread
-PEERS = {"wllama": {"wllama-wasm": "max", "wllama-wasm-1thread": 1},
-         "transformersjs": {"transformersjs-wasm": "max", "transformersjs-wasm-1thread": 1},
-         "llamacpp": {"llamacpp-native": "max", "llamacpp-native-1thread": 1}}
-# the browser runtimes whose rounds the browser peers with the same threads run in (measure())
+# the peers (see above) and their runtimes are contract.PEERS, each with the threads it gets: as many as the
+# page's browser-wasm picks ("max": one per core, at most 4) and one, as browser-wasm-1thread.
+# The browser runtimes whose rounds the browser peers with the same threads run in (measure())
 PEER_THREADS = {"browser-wasm": "max", "browser-wasm-1thread": 1}
 
 
 def open_peer(name: str, browser, threads, base_dir: Path):
     """A browser peer's page, loaded: a context manager giving (generate, info) (peers.peer_page)."""
     if name == "wllama":
-        from .peers import wllama_page
-
         return wllama_page(browser, threads)
-    from .hf_onnx import export_hf_onnx
-    from .transformersjs import transformersjs_page
 
     return transformersjs_page(browser, threads, export_hf_onnx(base_dir))
 
@@ -111,12 +120,6 @@ def modes(ks) -> list[tuple[str, int]]:
 def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
     """The runner of a Python runtime and, for onnx-cpu, a function giving where a step's time went
     ({"base T=5": {"median_ms", "runs"}, "head k=4": ..}; None for torch)."""
-    from ..decode.drafter import load_drafter, torch_drafter
-    from ..decode.loop import decode
-    from ..decode.torch_backend import TorchBackend
-    from ..models.head import load_head
-    from ..models.llama import load_llama
-
     base = load_llama(ckpts.base)
     eos = base.config.eos_token_id
     made = {}  # (mode, k) -> the ONNX backend running it (the head's graph depends on k)
@@ -125,9 +128,6 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
         backends = {"ar": lambda k: TorchBackend(base), "mtp": lambda k: TorchBackend(base, head=head),
                     "drafter": lambda k: TorchBackend(base, drafter=torch_drafter(drafter))}
     else:
-        from ..decode.onnx_backend import OnnxBackend
-        from ..export.manifest import ensure_export
-
         ensure_export(ckpts, onnx_dir, ("fp32",))
         def onnx_backend(mode, k):
             if (mode, k) not in made:
@@ -158,15 +158,13 @@ def python_runner(runtime: str, ckpts: Checkpoints, onnx_dir: Path):
 
 
 def page_generate(page, text: str, task: str, mode: str, k: int, n: int, trace: bool = False) -> dict:
-    """The page's frozenMTP.generate (CONTRACT.md) on one prompt; k and lookup are ignored in mode "ar"."""
+    """The page's frozenMTP.generate (docs/contract.md) on one prompt; k and lookup are ignored in mode "ar"."""
     return page.evaluate("(o) => window.frozenMTP.generate(o)", {
         "prompt": text, "task": task, "mode": mode, "k": max(k, 1), "lookup": DEFAULT_LOOKUP, "maxNewTokens": n,
         "trace": trace})
 
 
 def browser_runner(page):
-    from ..decode.loop import Decoded
-
     def run(prompt_ids, text, task, mode, k, n):
         r = page_generate(page, text, task, mode, k, n)
         if r["promptIds"] != prompt_ids:
@@ -263,8 +261,6 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, peers: dic
     given, theirs from the same rounds: each round runs every task's prompts in every mode and every peer,
     the peers before our modes in the first round, after them in the second, and so on, so that drift in
     the machine's speed touches our modes and the peers alike and each round's ratios compare like with like."""
-    from ..decode.loop import acceptance, compare_to_reference
-
     peers = peers or {}
     items = {task: p[: plan.prompts] for task, p in prompts.items()}
     for task in items:  # warm-up: every mode and peer once, so no round pays for first-run compilation
@@ -340,8 +336,6 @@ def new_peer_rounds(repeats: int) -> dict:
 
 
 def add_peer_result(t: dict, rep: int, r: dict, ref, eos: int) -> None:
-    from ..decode.loop import compare_to_reference
-
     out = r["ids"][: r["ids"].index(eos) + 1] if eos in r["ids"] else r["ids"]  # a peer may go on past the end
     verdict, _ = compare_to_reference(ref, out)
     t["tokens"][rep] += len(r["ids"])  # every token it wrote in the time it took
@@ -370,17 +364,10 @@ def measure_peer(peer: str, threads, prompts: dict, refs: dict, plan: Plan, brow
     items = [(task, ids, text) for task, p in prompts.items() for ids, text in p[: plan.prompts]]
     ids = [i for _, i, _ in items] * plan.repeats
     if peer == "llamacpp":
-        from .native import run_llamacpp
-
         run = run_llamacpp(ids, plan.new_tokens, threads)
     elif peer == "wllama":
-        from .peers import run_wllama
-
         run = run_wllama(browser, ids, plan.new_tokens, threads)
     else:
-        from .hf_onnx import export_hf_onnx
-        from .transformersjs import run_transformersjs
-
         run = run_transformersjs(browser, ids, plan.new_tokens, threads, export_hf_onnx(base_dir))
     info = next(v for key, v in run.items() if key.endswith("_info"))
     rounds = {}
@@ -394,10 +381,6 @@ def measure_peer(peer: str, threads, prompts: dict, refs: dict, plan: Plan, brow
 def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
     """Bytes each model takes while decoding (weights in fp32, as every runtime but fp16 WebGPU holds them;
     KV cache) and, with an export, the bytes of the weights files a page downloads for it."""
-    from ..decode.drafter import load_drafter
-    from ..models.head import load_head
-    from ..models.llama import load_llama
-
     base = load_llama(ckpts.base)
     head, drafter = load_head(ckpts.head, base), load_drafter(ckpts.drafter, base)
     weights = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731 (tied counted once)
@@ -417,8 +400,6 @@ def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
 def download_bytes(onnx_dir: Path) -> dict:
     """The weights files the fp32 graphs read, per model (the head's and the drafter's beyond the base's
     file, which their graphs read too), in bytes: what a page downloads for each."""
-    from ..export.manifest import read_manifest
-
     m = read_manifest(onnx_dir)
     graphs, files = m["precisions"]["fp32"]["graphs"], m["files"]
     # a weights file with a packed form (export/packed.py): the page downloads that form
@@ -435,8 +416,6 @@ def graph_nodes(onnx_dir: Path) -> dict:
     """Operator nodes of each fp32 graph of the export (the base's, the head's per k, the drafter's): on a
     runtime bound by kernel launches, a graph's cost follows its node count. The Casts of weights stored
     as float16 (export.half_stored) are not counted: onnxruntime folds them when it loads the graph."""
-    import json
-
     import onnx
 
     def count(path: Path) -> int:
@@ -449,17 +428,8 @@ def graph_nodes(onnx_dir: Path) -> dict:
 
 
 def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) -> dict:
-    from ..data.corpus import load_corpus, validation_prompts
-    from ..data.messages import held_back
-    from ..data.tasks import encode_prompt, load_tokenizer
-    from ..decode.torch_backend import decode_ar
-    from ..models.head import read_head_config
-    from ..models.llama import load_llama
-
     browsers = [r for r in cfg.runtimes if r.startswith("browser-")]
     if browsers:
-        from ..site.browser import chromium_path
-
         chromium_path()  # a missing browser fails now, not after the Python runtimes' measurements
     tok, base = load_tokenizer(ckpts.base), load_llama(ckpts.base)
     every_k = tuple(range(1, read_head_config(ckpts.head).k_train + 1))
@@ -498,15 +468,10 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
         peer("llamacpp")
     browser_peers = [p for p in cfg.peers if p != "llamacpp"]
     if browser_peers and not browsers:
-        from ..site.browser import chromium
-
         with chromium() as browser:
             for name in browser_peers:
                 peer(name, browser)
     if browsers:
-        from ..site.browser import chromium, served
-        from ..site.build import build
-
         build(ckpts, site_dir, onnx_dir, ("fp32",))
         with served(site_dir) as url, chromium() as browser:
             for runtime in browsers:
@@ -550,9 +515,6 @@ def bench(cfg: BenchConfig, ckpts: Checkpoints, onnx_dir: Path, site_dir: Path) 
 
 
 def machine() -> dict:
-    import os
-    import platform
-
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     return {"cpu": cpu, "cores": os.cpu_count(), "system": platform.platform(), "date": time.strftime("%Y-%m-%d")}

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..site.browser import chromium
 from .hf_onnx import MODEL_ID, export_hf_onnx
 from .peers import PEERS_DIR, ROOT, Threads, decode_all, judge, peer_page, references, serving
 
@@ -94,9 +95,7 @@ def run_transformersjs(browser, prompts: list[list[int]], n_predict: int, thread
 def bench_transformersjs(n_per_task: int = 3, new_tokens: int = 24, threads: tuple[Threads, ...] = (1, "max"),
                          model_dir: Path = SMOL_DIR) -> dict:
     """transformers.js on n_per_task validation prompts of each task (chat-formatted by the project's
-    tokenizer), at each thread count, against the PyTorch reference's greedy ids (CONTRACT.md's exactness rule)."""
-    from ..site.browser import chromium
-
+    tokenizer), at each thread count, against the PyTorch reference's greedy ids (docs/contract.md's exactness rule)."""
     prompts, ids, refs = references(model_dir, n_per_task, new_tokens)
     model_root = export_hf_onnx(model_dir)
     with chromium() as browser:

@@ -24,6 +24,7 @@ import hashlib
 import random
 import re
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -70,8 +71,6 @@ def words() -> frozenset[str]:
 @lru_cache(maxsize=1)
 def misspellings() -> dict[str, list[str]]:
     """correct word -> its common misspellings, from codespell's dictionary (single words, letters only)."""
-    from importlib.resources import files
-
     need("codespell", "codespell_lib")
     out: dict[str, list[str]] = {}
     for line in (files("codespell_lib") / "data" / "dictionary.txt").read_text(encoding="utf-8").splitlines():

@@ -9,6 +9,7 @@ order. The held-back ones (`held_back`): every len // HELD_BACK-th of those with
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib.resources import files
 
 from ..errors import CheckpointError
 
@@ -19,8 +20,6 @@ HELD_BACK = 48
 def messages() -> tuple[str, ...]:
     """Every distinct message that gets an answer in the package's English dialogs, in file order."""
     try:
-        from importlib.resources import files
-
         import yaml
         english = files("chatterbot_corpus") / "data" / "english"
     except ModuleNotFoundError as e:

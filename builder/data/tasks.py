@@ -43,6 +43,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from ..errors import CheckpointError, PromptError
+from ..models.config import load_config
 
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|continue|>", "<|proofread|>", "<|fix|>", "<|summarize|>", "<|summary|>"]
@@ -87,8 +88,6 @@ def load_tokenizer(directory: str | Path) -> TaskTokenizer:
     """The checkpoint's tokenizer.json with its task prompt formats: the marker format when it has
     builder's special tokens, else the text format, after the beginning-of-sequence id of the
     checkpoint's config.json (if it has one)."""
-    from ..models.llama import load_config
-
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(f"missing {path}")

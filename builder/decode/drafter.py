@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
+from ..contract import DRAFTER_K_MAX
 from ..errors import CheckpointError
-from ..models.llama import Llama, load_llama
+from ..models.head import base_fingerprint
+from ..models.llama import Llama, load_config, load_llama
 
 logger = logging.getLogger(__name__)
 
-DRAFTER_K_MAX = 16  # the most drafts per step the drafter is asked for (any k works; more is not useful)
 
 
 class IndependentDrafter:
@@ -56,9 +57,6 @@ def torch_drafter(model: Llama) -> IndependentDrafter:
 def drafter_for(base_dir: Path, drafter_dir: Path) -> Path | None:
     """drafter_dir when it holds a drafter distilled from the base in base_dir (its config.json records
     that base's fingerprint), else None (logged): the default drafter of `build`."""
-    from ..models.head import base_fingerprint
-    from ..models.llama import load_config
-
     if not (Path(drafter_dir) / "config.json").is_file():
         logger.info("no drafter in %s: the site offers plain decoding and MTP", drafter_dir)
         return None

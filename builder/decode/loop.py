@@ -37,14 +37,15 @@ Decoding stops after `max_new_tokens` tokens, once the end-of-sequence token is 
 in `ids`, and dropped from the text), or when the sequence fills the context window (a clamp: the
 prompt plus its new tokens never exceed it); `Decoded.stopped` says which.
 
-The modes (`MODES`) and their draft sources are defined here once; the CLI, the benchmark and (through
-the manifest) the page read them.
+The modes (`MODES`), their draft sources and defaults are defined once, in contract.py; the CLI, the
+benchmark and (through the manifest) the page read them.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+from ..contract import LOOKUP_SPAN, NEAR_TIE
 from ..errors import PromptError
 
 
@@ -54,23 +55,12 @@ class Decoded:
     steps: int = 0                                      # base passes after the prefill
     accepted: list[int] = field(default_factory=list)   # per step, drafts accepted (plain decoding: empty)
     margins: list[float] = field(default_factory=list)  # per new token, top-1 minus top-2 base logit
-    stopped: str = ""  # why decoding ended: one of STOP_REASONS
+    stopped: str = ""  # why decoding ended: one of contract.STOP_REASONS
     prefill_seconds: float = 0.0  # wall time of the prefill (the same base pass in every mode)
     lookups: list[bool] = field(default_factory=list)  # per step, whether prompt lookup drafted it (plain: empty)
     verified: list[int] = field(default_factory=list)  # per step, the tokens its base pass read (1 + drafts)
 
 
-STOP_REASONS = ("max-new-tokens", "end-of-sequence", "context-window")
-# mode -> its draft source: plain decoding (the reference), the MTP head, the independent drafter (the baseline)
-MODES = {"ar": None, "mtp": "head", "drafter": "drafter"}
-DEFAULT_MODE = "mtp"          # the CLI's and (by the manifest) the page's
-DEFAULT_K = 4                 # drafts per speculative step: the one default of the CLI and (by the manifest) the page
-DEFAULT_MAX_NEW_TOKENS = 32   # likewise
-DEFAULT_LOOKUP = True         # prompt lookup before the mode's draft source: likewise
-LOOKUP_SPAN = 2               # prompt lookup drafts up to this many times k tokens (the page reads it from the manifest)
-# the page's draft cut by execution provider (the manifest's draft_cut): chosen on prompts other than the cards'
-# (bench/heads/draft_cut.py); WebGPU's 0 until measured on a GPU, where verifying more tokens should cost little
-DRAFT_CUT = {"wasm": 0.15, "webgpu": 0.0}
 
 
 def prompt_lookup(ids: list[int], k: int) -> list[int]:
@@ -149,11 +139,10 @@ def decode(backend, prompt_ids: list[int], max_new_tokens: int, eos_id: int | No
         token = out.ids[-1]
 
 
-NEAR_TIE = 1e-3  # CONTRACT.md: a divergence is excused only where the reference's margin is below this
 
 
 def compare_to_reference(ref: Decoded, ids: list[int]) -> tuple[str, int | None]:
-    """CONTRACT.md's exactness rule. Returns ("equal", None), ("near-tie", i) where the first difference
+    """docs/contract.md's exactness rule. Returns ("equal", None), ("near-tie", i) where the first difference
     is at a reference position whose top-1/top-2 margin is below NEAR_TIE (the rest is not compared),
     or ("mismatch", i)."""
     for i, (a, b) in enumerate(zip(ref.ids, ids)):
@@ -165,7 +154,7 @@ def compare_to_reference(ref: Decoded, ids: list[int]) -> tuple[str, int | None]
 
 
 def acceptance(accepted: list[int], k: int) -> tuple[float, list[float]]:
-    """CONTRACT.md's acceptance figures of speculative steps: tau, the mean over steps of accepted drafts
+    """docs/contract.md's acceptance figures of speculative steps: tau, the mean over steps of accepted drafts
     + 1 (tokens decided per base pass; 1 for plain decoding, which records no steps), and for draft
     positions 1..k, and on to the furthest a prompt lookup step accepted, the share of steps that accepted
     the i-th draft (so tau = 1 + their sum)."""

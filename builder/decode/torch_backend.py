@@ -1,7 +1,7 @@
 """The decode loop's backend over the PyTorch modules, and the reference decoders.
 
 `TorchBackend` satisfies loop.py's interface with the PyTorch base and one optional draft source.
-`decode_ar` is the reference of CONTRACT.md's exactness rule: plain greedy decoding with the PyTorch base.
+`decode_ar` is the reference of docs/contract.md's exactness rule: plain greedy decoding with the PyTorch base.
 `decode_naive` recomputes the whole sequence at every token with no cache; it exists only to check the
 cached path (they must give the same tokens).
 """

@@ -27,9 +27,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .packed import BLOCK as GGUF_BLOCK  # kind -> (weights, bytes) of one GGUF block
+from ..contract import BLOCKS  # kind -> (weights, bytes) of one GGUF block
 
-BLOCK = GGUF_BLOCK["q4_1"][0]  # weights per block (32, Q4_1 and Q8_0 alike), in the GGUF and in onnxruntime's operators
+BLOCK = BLOCKS["q4_1"][0]  # weights per block (32, Q4_1 and Q8_0 alike), in the GGUF and in onnxruntime's operators
 
 
 def q4_1_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
@@ -38,7 +38,7 @@ def q4_1_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
     a byte in order (rows, in / 32, 16) uint8, the scales `d` (rows * in / 32) fp32, and the minima
     transposed, `mT` (in / 32, rows) fp32."""
     rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, GGUF_BLOCK["q4_1"][1])
+    b = blocks.reshape(rows, -1, BLOCKS["q4_1"][1])
     d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     qs = b[..., 4:]
@@ -50,7 +50,7 @@ def q8_0_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
     """A (rows, in) weight's Q8_0 blocks (uint8, rows x (in / 32 * 34): fp16 d, 32 int8 q) as MatMulNBits
     and GatherBlockQuantized read them: `q` + 128 (rows, in) uint8 and the scales `d` (rows, in / 32) fp32."""
     rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, GGUF_BLOCK["q8_0"][1])
+    b = blocks.reshape(rows, -1, BLOCKS["q8_0"][1])
     d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     q = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
     return {"q": np.ascontiguousarray(q.reshape(rows, -1)), "d": d}

@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-# kind -> (values per block, bytes per block)
-BLOCK = {"q4_1": (32, 20), "q8_0": (32, 34)}
+from ..contract import BLOCKS  # kind -> (values per block, bytes per block)
 
 
 def external_tensors(out: Path) -> dict[str, set[tuple[int, int]]]:
@@ -63,7 +62,7 @@ def pack(out: Path, blocks: dict[str, dict]) -> dict[str, dict]:
                 body, seg = raw, {"kind": "raw"}
             else:
                 body, seg = hit["blocks"].tobytes(), {"kind": hit["kind"], "rows": int(hit["blocks"].shape[0])}
-                per, nbytes = BLOCK[hit["kind"]]
+                per, nbytes = BLOCKS[hit["kind"]]
                 if len(body) // nbytes * per * 4 != length:
                     raise ValueError(f"{file} at {at}: {len(body)} bytes of {hit['kind']} blocks for {length} bytes of fp32")
             segments.append({"at": at, "bytes": length, "from": size, **seg})

@@ -17,6 +17,7 @@ control tokens as special added tokens. Checked against llama.cpp's own tokenize
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -25,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..contract import GGUF_KINDS, sha256_file as sha256
 from ..errors import CheckpointError
-from ..export.manifest import sha256_file as sha256
+from .fingerprint import state_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +142,6 @@ def state_dict(reader, cfg: dict) -> dict[str, torch.Tensor]:
     return state
 
 
-BLOCKS = {"Q4_1": "q4_1", "Q8_0": "q8_0"}  # GGUF block types a page unpacks (web/src/blocks.mjs)
 
 
 def packed_blocks(directory: Path) -> dict[str, dict]:
@@ -148,8 +149,6 @@ def packed_blocks(directory: Path) -> dict[str, dict]:
     values as imported (hex) -> {"kind": "q4_1" or "q8_0", "blocks": its blocks as in the file, rows in the
     imported order (uint8, rows x bytes per row)}. What a page downloads instead of the fp32 values
     (export/packed.py); it computes the same fp32 values from them."""
-    import hashlib
-
     from gguf.quants import dequantize
 
     meta = read_source(directory)
@@ -159,7 +158,7 @@ def packed_blocks(directory: Path) -> dict[str, dict]:
     cfg = json.loads((Path(directory) / "config.json").read_text())
     out = {}
     for t in read(path).tensors:
-        if t.tensor_type.name not in BLOCKS:
+        if t.tensor_type.name not in GGUF_KINDS:
             continue
         rows = int(t.shape[-1])
         blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1)
@@ -168,7 +167,7 @@ def packed_blocks(directory: Path) -> dict[str, dict]:
         if order is not None:
             blocks, w = blocks[order], w[order]
         out[hashlib.sha256(np.ascontiguousarray(w).tobytes()).hexdigest()] = {
-            "kind": BLOCKS[t.tensor_type.name], "blocks": np.ascontiguousarray(blocks)}
+            "kind": GGUF_KINDS[t.tensor_type.name], "blocks": np.ascontiguousarray(blocks)}
     return out
 
 
@@ -197,15 +196,10 @@ def tokenizer_json(reader) -> dict:
 
 
 def fingerprint(state: dict[str, torch.Tensor], cfg: dict) -> str:
-    from .head import base_fingerprint
-    from .llama import Llama, LlamaConfig
-
-    model = Llama(LlamaConfig.from_hf(cfg))
-    state = dict(state)
+    """The imported base's fingerprint: that of the Llama these weights load into (a tied LM head included)."""
     if cfg["tie_word_embeddings"]:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict(state)
-    return base_fingerprint(model)
+        state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
+    return state_fingerprint(state)
 
 
 def import_gguf(source: dict, out: Path) -> dict:
@@ -245,8 +239,6 @@ def save_state(state: dict[str, torch.Tensor], directory: Path) -> None:
 
 def cache_digest(path: Path) -> dict:
     """The size of a safetensors file and a sha256 over its header and SAMPLES blocks spread evenly over it."""
-    import hashlib
-
     size, h = path.stat().st_size, hashlib.sha256()
     with open(path, "rb") as f:
         header = int.from_bytes(f.read(8), "little")

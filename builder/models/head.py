@@ -16,7 +16,6 @@ drafts (the chain), which are dropped after the step.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -24,7 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from ..atomic import replacing
 from ..errors import CheckpointError
+from .fingerprint import base_fingerprint
 from .llama import MLP, WEIGHTS_FILES, Llama, LlamaConfig, RMSNorm, apply_rope, load_config, load_state, rope_cos_sin
 
 
@@ -85,19 +86,6 @@ def induction_scores(base: Llama, length: int = 48, batch: int = 4, seed: int = 
         att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(dim=-1)
         scores.append(round(float(att[:, :, second, second - length + 1].mean(dim=(0, 2)).max()), 4))
     return scores
-
-
-def base_fingerprint(base: Llama) -> str:
-    """sha256 over the base's parameter names, shapes and values to fp16 precision (independent of file
-    layout and of the precision it is stored or run in: a head runs on its base in fp32 and in fp16, and a
-    base saved in fp16 after fp32 training is the same base). An attached adapter does not change it."""
-    h = hashlib.sha256()
-    for name, t in sorted(base.state_dict().items()):
-        if ".lora_" in name:  # an attached adapter is not the base's
-            continue
-        h.update(f"{name}:{tuple(t.shape)};".encode())
-        h.update(t.detach().to("cpu", torch.float16).contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 class HeadAttention(nn.Module):
@@ -261,7 +249,6 @@ def save_head(head: MTPHead, directory: str | Path, extra: dict | None = None) -
     """Writes config.json and model.safetensors, both or neither (llama.py's save_llama)."""
     from safetensors.torch import save_file
 
-    from ..atomic import replacing
 
     cfg = {"model_type": "frozen_mtp_head", **asdict(head.config), **(extra or {})}
     state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}

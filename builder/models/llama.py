@@ -19,7 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..atomic import locked, replacing
 from ..errors import CheckpointError
+from . import gguf
+from .config import load_config
 
 logger = logging.getLogger(__name__)
 
@@ -294,21 +297,6 @@ class Llama(nn.Module):
 
 # --- Hugging Face checkpoint I/O ------------------------------------------------------------------
 
-def load_config(directory: str | Path) -> dict:
-    path = Path(directory) / "config.json"
-    if not Path(directory).is_dir():
-        raise CheckpointError(f"checkpoint directory not found: {directory}")
-    if not path.is_file():
-        raise CheckpointError(f"missing {path}")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} is not a JSON object")
-    return config
-
-
 def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
     """Reads model.safetensors, with a clear error when it is missing or corrupt."""
     from safetensors import SafetensorError
@@ -319,15 +307,12 @@ def load_state(directory: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{directory} holds a sharded checkpoint (model.safetensors.index.json): builder reads "
                               f"one model.safetensors; save it unsharded (save_pretrained(..., max_shard_size='100GB'))")
     if (Path(directory) / "gguf.json").is_file():  # an imported base: its cache, made again when missing or damaged
-        from ..atomic import locked
-        from .gguf import cache_intact, materialize
-
-        if not (path.is_file() and cache_intact(Path(directory))):  # an intact cache needs no lock (read-only folders)
+        if not (path.is_file() and gguf.cache_intact(Path(directory))):  # an intact cache needs no lock (read-only folders)
             with locked(path):  # two commands starting at once import it once
-                if path.is_file() and not cache_intact(Path(directory)):
+                if path.is_file() and not gguf.cache_intact(Path(directory)):
                     logger.info("%s is not the cache the import wrote (truncated, altered or unchecked): importing again", path)
-                if not (path.is_file() and cache_intact(Path(directory))):
-                    materialize(Path(directory))
+                if not (path.is_file() and gguf.cache_intact(Path(directory))):
+                    gguf.materialize(Path(directory))
     if not path.is_file():
         raise CheckpointError(f"missing {path}")
     try:
@@ -365,8 +350,6 @@ def save_llama(model: Llama, directory: str | Path, extra: dict | None = None) -
     config.json (transformers keeps unknown keys), e.g. the fingerprint of the base a drafter was distilled from.
     Both or neither: the folder is replaced whole (its other files kept), never left half old, half new."""
     from safetensors.torch import save_file
-
-    from ..atomic import replacing
 
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if ".lora_" not in k}  # the base alone
     if model.config.tie_word_embeddings:

@@ -18,8 +18,8 @@ import threading
 from functools import lru_cache, partial
 from pathlib import Path
 
+from ..contract import MANIFEST
 from ..errors import SiteError
-from ..export.manifest import MANIFEST
 
 MIME = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
         ".json": "application/json", ".onnx": "application/octet-stream", ".data": "application/octet-stream", ".css": "text/css",

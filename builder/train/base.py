@@ -33,10 +33,12 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from ..data.corpus import SOURCES, Corpus, load_corpus, missing_packages, proofread_pairs, summary_pairs
-from ..data.tasks import EOS, SPECIAL_TOKENS, TASKS, encode_text
+from ..data.corpus import (PYTHON, SOURCES, Corpus, load_corpus, missing_packages, proofread_pairs, summary_pairs,
+                           validation_prompts)
+from ..data.tasks import EOS, SPECIAL_TOKENS, TASKS, decode, encode_prompt, encode_text, load_tokenizer
+from ..decode.torch_backend import decode_ar
 from ..errors import DataError
-from ..models.llama import Llama, LlamaConfig, save_llama
+from ..models.llama import Llama, LlamaConfig, load_config, load_llama, save_llama
 from .loop import Run, Schedule, train
 
 logger = logging.getLogger(__name__)
@@ -261,10 +263,6 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
     text that the first base was measured on), proofread exact-fix, summarize exact-match and word
     overlap, and unedited samples; with `against` (another base, e.g. the one shipped before), its
     scores on the same text, sentences and passages."""
-    from ..data.corpus import PYTHON, validation_prompts
-    from ..data.tasks import encode_prompt, load_tokenizer
-    from ..models.llama import load_config
-
     tok = load_tokenizer(out)
     validation = set(corpus.validation)
     python_validation = [p for p in load_corpus(PYTHON).validation if p in validation]
@@ -287,10 +285,6 @@ def evaluate(out: Path, corpus: Corpus, cfg: TrainConfig, n_proofread: int = 200
 def scores(directory: Path, texts: dict[str, list[str]], proofread, passages, samples) -> dict:
     """One base's measures on the given validation text, proofread pairs and summarize passages (a prompt
     longer than its context window counts as a failure; summarize only if its tokenizer offers it)."""
-    from ..data.tasks import decode, encode_prompt, load_tokenizer
-    from ..decode.torch_backend import decode_ar
-    from ..models.llama import load_llama
-
     model, tok = load_llama(directory), load_tokenizer(directory)
     eos, ctx = model.config.eos_token_id, model.config.max_position_embeddings
 
@@ -357,8 +351,6 @@ def validation_table(v: dict) -> str:
 
 
 def write_card(out: Path, log: dict) -> None:
-    from ..models.llama import load_config
-
     c, v, t, d = load_config(out), log["validation"], log["train_config"], log["data"]
     sources = "\n".join(f"| {name} | {s['licence']} | {s['train_files']} / {s['validation_files']} | "
                         f"{s['train_chars']:,} / {s['validation_chars']:,} |" for name, s in d["sources"].items())

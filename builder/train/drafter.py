@@ -28,11 +28,12 @@ import torch.nn.functional as F
 
 from ..data.corpus import HEAD_SOURCES, load_corpus, prompts_digest, validation_prompts
 from ..data.tasks import load_tokenizer
+from ..decode.drafter import torch_drafter
 from ..errors import CheckpointError
-from ..models.head import base_fingerprint
+from ..models.head import base_fingerprint, load_head
 from ..models.llama import Llama, LlamaConfig, load_llama, save_llama
 from .distill import distilled, each_once, make_batches, measure_acceptance, prompts_line, training_prompts
-from .head import HeadTrainConfig
+from .head import HeadTrainConfig, stage_prompts, training_stages
 from .loop import Run, Schedule, sequential, train
 
 
@@ -79,9 +80,6 @@ def head_data(base: Llama, tok, corpus, head_dir: str, fingerprint: str):
     """The sequences every stage of the head in head_dir trained on (each once), with the base's final
     hidden states (build/distill/, distilled where missing), and the base's LM head rows of the head's draft
     vocabulary with their ids: what the head's soft targets are made of."""
-    from ..models.head import load_head
-    from .head import stage_prompts, training_stages
-
     head = load_head(head_dir, base)
     if not head.config.draft_vocab:
         raise CheckpointError(f"the head in {head_dir} has no draft vocabulary: train the drafter on the base itself")
@@ -148,8 +146,6 @@ def train_drafter(base: Llama, tok, corpus, cfg: DrafterTrainConfig, run_dir: Pa
 
 def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict:
     """What `train-drafter` does: distil, train, save (a standard checkpoint), measure tau, write the card."""
-    from ..decode.drafter import torch_drafter
-
     base, tok = load_llama(base_dir), load_tokenizer(base_dir)
     corpus = load_corpus(HEAD_SOURCES)
     checkpoint = out / "checkpoint"

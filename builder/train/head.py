@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -166,8 +167,6 @@ def processes() -> tuple[int, int]:
 def join_processes(device: str) -> str:
     """Under torchrun (WORLD_SIZE in the environment) joins the process group: NCCL on GPUs, one per
     process (LOCAL_RANK), gloo on CPUs. Returns the device this process trains on."""
-    import os
-
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():

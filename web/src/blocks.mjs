@@ -11,7 +11,7 @@
 const BLOCK_BYTES = { q4_1: 20, q8_0: 34 };
 
 /** An IEEE half (as its 16 bits) as a number. */
-function half(bits) {
+export function half(bits) {
   const exp = (bits >> 10) & 0x1f;
   const frac = bits & 0x3ff;
   const sign = bits & 0x8000 ? -1 : 1;

@@ -2,7 +2,7 @@
 typos that its greedy proofread turns into exactly the correct sentence, and unedited samples of every
 task it offers (validation text only: never trained on, by the head either).
 
-    python -m builder.bench.quality models/base [N_PROOFREAD] > quality.json
+    python -m builder.train.quality models/base [N_PROOFREAD] > quality.json
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..data.corpus import HEAD_SOURCES, load_corpus, proofread_pairs, validation_prompts
 from ..data.tasks import load_tokenizer
-from ..train.base import scores
+from .base import scores
 
 
 def quality(base: Path, n_proofread: int = 200, n_samples: int = 3, seed: int = 1) -> dict:
