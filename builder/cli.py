@@ -10,14 +10,16 @@ import errno
 import json
 import logging
 import os
+import shutil
+import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from .bench.run import PEERS, RUNTIMES
+from .contract import (ALL_PRECISIONS, DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, DRAFT_CUT,
+                       DRAFTER_K_MAX, MODES, PEERS, PRECISIONS, RUNTIMES, STOP_REASONS, exported_for)
 from .data.tasks import ALL_TASKS, TASKS
-from .decode.drafter import DRAFTER_K_MAX
-from .decode.loop import DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, DRAFT_CUT, MODES
 from .errors import PromptError, UserError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
@@ -94,7 +96,7 @@ def build_parser() -> Parser:
                         "when the prompt and its new tokens fill the context window (JSON field `stopped`)")
     g.add_argument("--backend", default="torch", choices=["torch", "onnx"],
                    help="torch: the PyTorch modules; onnx: the exported ONNX graphs with onnxruntime on the CPU")
-    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "q4"],
+    g.add_argument("--precision", default="fp32", choices=ALL_PRECISIONS,
                    help="--backend onnx: the fp32 graphs or their fp16 variants (what the page runs on WebGPU "
                         "with shader-f16), or q4 (a base imported from a GGUF, exported with fp32: its graph "
                         "on the file's 4- and 8-bit blocks, what the page runs on WebGPU; slow on the CPU); the exactness rule "
@@ -104,7 +106,7 @@ def build_parser() -> Parser:
                         "exported there from --base (and --head or --drafter) when it is missing or was "
                         "exported from other checkpoints. Every file is checked against the manifest's sha256.")
     g.add_argument("--adapter", help="a feature's adapter directory (models/adapters/TASK): decode with the "
-                                     "feature's production model, the frozen base plus this adapter (--backend torch)")
+                                     "feature's production model, the frozen base plus this adapter")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
 
     t = sub.add_parser("train-base", help="reproduce models/inhouse/base (tokenizer and model), the in-house 10 M base "
@@ -129,6 +131,8 @@ def build_parser() -> Parser:
     b.add_argument("--head", default="models/mtp", help="MTP head directory")
     b.add_argument("--drafter", help="independent drafter directory, or 'none' (default: models/drafter when it was "
                                      "distilled from this base, by fingerprint; else none: the page then offers ar and mtp)")
+    b.add_argument("--adapters", help="the features' adapter directories, comma-separated, or 'none' (default: those "
+                                      "under models/adapters trained on this base, by fingerprint)")
     b.add_argument("--out", default="build/site", help="where the site is written: a new or empty folder, or a site "
                                                        "build made (replaced); any other folder is refused")
     b.add_argument("--onnx-dir", default="build/onnx",
@@ -229,8 +233,8 @@ def build_parser() -> Parser:
     return p
 
 
-STOP_NOTES = {"max-new-tokens": "stopped at --max-new-tokens", "end-of-sequence": "the model ended the text",
-              "context-window": "stopped: the prompt and the new tokens fill the context window of {context} tokens"}
+STOP_NOTES = dict(zip(STOP_REASONS, ("stopped at --max-new-tokens", "the model ended the text",
+                                      "stopped: the prompt and the new tokens fill the context window of {context} tokens")))
 
 
 def read_prompts(args) -> list[dict]:
@@ -278,13 +282,12 @@ def cmd_generate(args) -> None:
     if args.precision != "fp32" and args.backend != "onnx":
         raise PromptError(f"--precision {args.precision} needs --backend onnx (the torch backend runs fp32)")
     model = load_llama(base_dir)
+    adapter = None  # the feature whose production model decodes (base + its adapter)
     if args.adapter:
         from .models.adapter import load_adapter
         from .models.head import base_fingerprint
 
-        if args.backend != "torch":
-            raise PromptError("--adapter runs on --backend torch: the exported graphs hold the base alone")
-        load_adapter(model, args.adapter, base_fingerprint(model))
+        adapter = load_adapter(model, args.adapter, base_fingerprint(model)).get("task")
     eos = model.config.eos_token_id
     source = MODES[args.mode]
     head = load_head(args.head, model) if source == "head" else None
@@ -294,9 +297,10 @@ def cmd_generate(args) -> None:
         why = f"the head was trained to draft {k_max}" if head else "the drafter's limit"
         raise PromptError(f"--k must be between 1 and {k_max} in mode {args.mode} ({why}), got {args.k}")
     if args.backend == "onnx":
-        ckpts = Checkpoints(base_dir, Path(args.head) if head else None, Path(args.drafter) if drafter else None)
-        ensure_export(ckpts, Path(args.onnx_dir), ("fp32",) if args.precision == "q4" else (args.precision,))
-        backend = OnnxBackend(args.onnx_dir, source, args.k if source else 0, args.precision)
+        ckpts = Checkpoints(base_dir, Path(args.head) if head else None, Path(args.drafter) if drafter else None,
+                            (Path(args.adapter),) if args.adapter else ())
+        ensure_export(ckpts, Path(args.onnx_dir), exported_for(args.precision))
+        backend = OnnxBackend(args.onnx_dir, source, args.k if source else 0, args.precision, adapter=adapter)
     else:
         backend = TorchBackend(model, head=head, drafter=torch_drafter(drafter) if drafter else None)
     tok = load_tokenizer(base_dir)
@@ -333,14 +337,19 @@ def cmd_generate(args) -> None:
 
 def cmd_build(args) -> None:
     from .decode.drafter import drafter_for
-    from .export.manifest import PRECISIONS, Checkpoints
+    from .export.manifest import Checkpoints
+    from .models.adapter import adapters_for
     from .site.build import build
 
     if args.drafter is None:
         drafter = drafter_for(Path(args.base), Path("models/drafter"))
     else:
         drafter = None if args.drafter == "none" else Path(args.drafter)
-    ckpts = Checkpoints(Path(args.base), Path(args.head), drafter)
+    if args.adapters is None:
+        adapters = adapters_for(Path(args.base), Path("models/adapters"))
+    else:
+        adapters = () if args.adapters == "none" else tuple(Path(d) for d in args.adapters.split(",") if d)
+    ckpts = Checkpoints(Path(args.base), Path(args.head), drafter, adapters)
     from .models.gguf import SOURCE
 
     precision = args.precision or ("fp32" if (Path(args.base) / SOURCE).is_file() else "both")
@@ -356,8 +365,6 @@ def cmd_serve(args) -> None:
 
 
 def cmd_train_base(args) -> None:
-    import shutil
-
     import torch
 
     from .train.base import TrainConfig, train_and_report
@@ -409,8 +416,6 @@ def cmd_train_head(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from dataclasses import replace
-
     from .bench.report import summary_table, write_report
     from .bench.run import BenchConfig, bench
     from .export.manifest import Checkpoints
@@ -495,7 +500,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("builder").addHandler(handler)
     logging.getLogger("builder").setLevel(logging.INFO)
     if args.command.startswith("train-"):  # a kill or a closing session saves the run as Ctrl-C does
-        import signal
 
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:

@@ -222,3 +222,106 @@ def test_the_few_shot_prompt_is_the_chat_template_with_worked_examples():
     assert ids.count(tok.token_to_id("<|im_start|>")) == 2 * len(FEW_SHOT) + 3, "the markers are single tokens"
     for example, summary in FEW_SHOT:
         assert not everyday.summary_faults(example, summary), f"a worked example fails the checks: {summary!r}"
+
+
+# ---------------------------------------------------------------- the adapters in the ONNX export
+
+def random_adapter(base_dir, out, task: str, seed: int):
+    """A random adapter of rank 4 for task, saved as train-adapter saves one (fp16, PEFT's layout)."""
+    model = load_llama(base_dir)
+    add_adapter(model, rank=4, alpha=8, seed=seed)
+    randomise(model, seed)
+    save_adapter(model, out, 4, 8, {"task": task, "base_fingerprint": base_fingerprint(model)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapted_export(tiny, tmp_path_factory):
+    """The tiny models exported with adapters for two features (fp32 and fp16 graphs)."""
+    from builder.export.manifest import Checkpoints, export
+
+    root = tmp_path_factory.mktemp("adapted")
+    adapters = tuple(random_adapter(tiny.base, root / task, task, seed) for seed, task in enumerate(("proofread", "reply"), 1))
+    ckpts = Checkpoints(tiny.base, tiny.head, None, adapters)
+    out = root / "onnx"
+    export(ckpts, out, ("fp32", "fp16"))
+    return ckpts, out
+
+
+def test_the_export_feeds_each_features_adapter_to_one_base_graph(adapted_export):
+    ckpts, out = adapted_export
+    m = json.loads((out / "manifest.json").read_text())
+    spec = m["adapters"]
+    assert spec["by_task"] == {"proofread": "adapter.proofread.safetensors", "reply": "adapter.reply.safetensors"}
+    assert (spec["rank"], spec["alpha"]) == (4, 8)
+    base = load_llama(ckpts.base)
+    n_proj = len(PROJECTIONS) * base.config.num_hidden_layers
+    for precision, dtype in (("fp32", "float32"), ("fp16", "float16")):
+        inputs = {i["name"]: i for i in m["precisions"][precision]["graphs"]["base"]["inputs"]}
+        lora = {n: i for n, i in inputs.items() if ".lora_" in n}
+        assert set(lora) == set(spec["inputs"]) and len(lora) == 2 * n_proj
+        for name, (key, scale) in spec["inputs"].items():
+            assert key == PREFIX + name.removesuffix(".T") + ".weight"
+            assert scale == (2.0 if ".lora_B." in name else 1.0)  # alpha / rank, on B
+            assert lora[name]["dtype"] == dtype
+        assert "drafter" not in m["precisions"][precision]["graphs"]
+        for name, g in m["precisions"][precision]["graphs"].items():  # the heads read the base's outputs: no adapter
+            if name != "base":
+                assert not any(".lora_" in i["name"] for i in g["inputs"]), name
+    for task, file in spec["by_task"].items():  # the file as train-adapter wrote it, listed and checked
+        source = next(d for d in ckpts.adapters if d.name == task)
+        assert (out / file).read_bytes() == (source / "adapter_model.safetensors").read_bytes()
+        assert m["files"][file]["bytes"] == (out / file).stat().st_size
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_onnx_production_models_give_the_torch_production_models_ids(adapted_export, tokenizer_prompts, precision):
+    from builder.decode.loop import compare_to_reference, decode
+    from builder.decode.onnx_backend import OnnxBackend
+    from builder.decode.torch_backend import decode_ar
+
+    ckpts, out = adapted_export
+    for task in (None, "proofread", "reply"):
+        model = load_llama(ckpts.base)
+        if task:
+            load_adapter(model, next(d for d in ckpts.adapters if d.name == task))
+        for source, k in ((None, 0), ("head", 3)):
+            backend = OnnxBackend(out, source, k, precision, adapter=task)
+            for prompt in tokenizer_prompts:
+                with torch.no_grad():
+                    want = decode_ar(model, prompt, 12, None)
+                got = decode(backend, prompt, 12, None, k).ids
+                if precision == "fp32":
+                    verdict, where = compare_to_reference(want, got)
+                    assert verdict != "mismatch", (task, source, where, want.ids, got)
+                else:  # fp16 graphs compute in half: they need not equal fp32 torch, only differ from the base
+                    assert len(got) == 12
+        if task:  # the production model is not the base: the test would pass on adapters fed as zeros
+            plain = load_llama(ckpts.base)
+            with torch.no_grad():
+                assert any(decode_ar(model, p, 12, None).ids != decode_ar(plain, p, 12, None).ids
+                           for p in tokenizer_prompts), f"the {task} adapter changed nothing"
+    with pytest.raises(CheckpointError, match="no adapter for 'summarize'"):
+        OnnxBackend(out, adapter="summarize")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_prompts(tiny):
+    from builder.data.tasks import encode_prompt, load_tokenizer
+
+    tok = load_tokenizer(tiny.base)
+    return [encode_prompt(tok, "continue", t) for t in ("The weather today is", "Can you pick up some milk")]
+
+
+def test_adapters_of_another_base_or_rank_are_refused_by_the_export(tiny, adapted_export, tmp_path):
+    from builder.export.manifest import Checkpoints, export
+
+    ckpts, _ = adapted_export
+    other = load_llama(tiny.base)
+    add_adapter(other, rank=2, alpha=8)
+    save_adapter(other, tmp_path / "rank2", 2, 8, {"task": "summarize", "base_fingerprint": base_fingerprint(other)})
+    with pytest.raises(CheckpointError, match="differ in rank or alpha"):
+        export(Checkpoints(tiny.base, None, None, (*ckpts.adapters, tmp_path / "rank2")), tmp_path / "x", ("fp32",))
+    save_adapter(other, tmp_path / "wrong", 2, 8, {"task": "summarize", "base_fingerprint": "0" * 64})
+    with pytest.raises(CheckpointError, match="trained for another base"):
+        export(Checkpoints(tiny.base, None, None, (tmp_path / "wrong",)), tmp_path / "y", ("fp32",))

@@ -20,10 +20,16 @@ from builder.data.tasks import encode_chat, encode_prompt, load_tokenizer
 from builder.decode.loop import compare_to_reference
 from builder.decode.torch_backend import decode_ar
 from builder.export.manifest import Checkpoints, ensure_export
+from builder.models.adapter import add_adapter, load_adapter, projections, remove_adapter, save_adapter
 from builder.models.llama import load_llama
 from tests.conftest import ROOT, Page
 
 SMOL = ROOT / "models" / "base"
+ADAPTED = ("summarize", "proofread", "reply")  # the features with an adapter (the chat is the base alone)
+# SmolLM2, its shipped head and the shipped adapters (each feature's production model: base + adapter)
+SMOL_CKPTS = Checkpoints(SMOL, ROOT / "models" / "mtp", None,
+                         tuple(ROOT / "models" / "adapters" / t for t in ADAPTED
+                               if (ROOT / "models" / "adapters" / t / "adapter_config.json").is_file()))
 RESULTS = ROOT / "build" / "api"  # the frame rate measured while a summary streams
 TINY_CONTEXT = 256
 
@@ -55,7 +61,17 @@ def chat_tiny(tmp_path_factory) -> Checkpoints:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     head.config.base_fingerprint = base_fingerprint(model)
     save_head(head, root / "mtp")
-    return Checkpoints(root / "base", root / "mtp")
+    adapters = []
+    for seed, task in enumerate(ADAPTED, 1):  # a random adapter per feature: the worker feeds each to the base graph
+        add_adapter(model, rank=4, alpha=8, seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for _, proj in projections(model):
+                proj.lora_B.weight.copy_(torch.randn(proj.lora_B.weight.shape, generator=g) * 0.05)
+        save_adapter(model, root / task, 4, 8, {"task": task, "base_fingerprint": head.config.base_fingerprint})
+        remove_adapter(model)
+        adapters.append(root / task)
+    return Checkpoints(root / "base", root / "mtp", None, tuple(adapters))
 
 
 def site_of(ckpts: Checkpoints, onnx_dir, out):
@@ -80,22 +96,31 @@ def smol_url(tmp_path_factory):
     """SmolLM2 and its shipped head (the export kept in build/api-smol-onnx, redone when stale)."""
     from builder.site.browser import served
 
-    ckpts = Checkpoints(SMOL, ROOT / "models" / "mtp")
     onnx_dir = ROOT / "build" / "api-smol-onnx"
-    ensure_export(ckpts, onnx_dir, ("fp32",))
-    site = site_of(ckpts, onnx_dir, tmp_path_factory.mktemp("smol-site"))
+    ensure_export(SMOL_CKPTS, onnx_dir, ("fp32",))
+    site = site_of(SMOL_CKPTS, onnx_dir, tmp_path_factory.mktemp("smol-site"))
     with served(site) as address:
         yield address
 
 
-@pytest.fixture(scope="module")
-def tiny_base(chat_tiny):
-    return load_llama(chat_tiny.base).eval()
+def production_models(ckpts: Checkpoints) -> dict:
+    """task -> the torch production model the page must equal: the base plus the task's adapter (None: the
+    base alone, for the chat and a task without one)."""
+    models = {None: load_llama(ckpts.base).eval()}
+    for d in ckpts.adapters:
+        model = load_llama(ckpts.base).eval()
+        models[load_adapter(model, d)["task"]] = model
+    return models
 
 
 @pytest.fixture(scope="module")
-def smol_base():
-    return load_llama(SMOL).eval()
+def tiny_models(chat_tiny):
+    return production_models(chat_tiny)
+
+
+@pytest.fixture(scope="module")
+def smol_models():
+    return production_models(SMOL_CKPTS)
 
 
 class ApiPage:
@@ -132,16 +157,18 @@ def with_context(text: str, *contexts: str | None) -> str:
     return "\n\n".join([c for c in contexts if c and c.strip()] + [text])
 
 
-def check_exact(base, calls: list[tuple[str, list[int]]], decodes: list[dict]) -> int:
-    """Each decode the page ran has Python's prompt ids for its call and the torch reference's greedy ids
-    (CONTRACT.md's rule: equal, or a first difference at a near-tie, counted). Returns the near-ties."""
+def check_exact(models: dict, calls: list[tuple[str, str | None, list[int]]], decodes: list[dict]) -> int:
+    """Each decode the page ran has Python's prompt ids for its call and the greedy ids of the torch production
+    model of its task (models: task -> model, production_models) (docs/contract.md's rule: equal, or a first
+    difference at a near-tie, counted). Returns the near-ties."""
     assert len(decodes) == len(calls), f"{len(calls)} calls, {len(decodes)} decodes"
     near_ties = 0
-    for (what, prompt_ids), got in zip(calls, decodes):
+    for (what, task, prompt_ids), got in zip(calls, decodes):
         assert got["promptIds"] == prompt_ids, f"{what}: the page's prompt is not Python's"
         assert got["ids"], f"{what}: no tokens"
+        model = models.get(task, models[None])
         with torch.no_grad():
-            ref = decode_ar(base, prompt_ids, len(got["ids"]), base.config.eos_token_id)
+            ref = decode_ar(model, prompt_ids, len(got["ids"]), model.config.eos_token_id)
         verdict, where = compare_to_reference(ref, got["ids"])
         assert verdict != "mismatch", f"{what}: first mismatch at token {where}: {ref.ids} vs {got['ids']}"
         near_ties += verdict == "near-tie"
@@ -178,7 +205,7 @@ TEXTS = {"shared": "A note for the team.", "context": "Written on Friday.",
          "question": "What is the capital of France?", "append": "Please answer in one word."}
 
 
-def all_api_calls(tok, out: dict) -> list[tuple[str, list[int]]]:
+def all_api_calls(tok, out: dict) -> list[tuple[str, str | None, list[int]]]:
     """The prompts Python builds for ALL_APIS's calls, in order, given the page's answers (a conversation
     carries them)."""
     t = TEXTS
@@ -187,12 +214,12 @@ def all_api_calls(tok, out: dict) -> list[tuple[str, list[int]]]:
     first = opening + [{"role": "user", "content": t["question"]}]
     second = first + [{"role": "assistant", "content": out["first"]}, {"role": "user", "content": t["append"]},
                       {"role": "user", "content": "And one more?"}]
-    return [("Summarizer.summarize", encode_prompt(tok, "summarize", with_context(t["summarize"], t["shared"], t["context"]))),
-            ("Proofreader.proofread", encode_prompt(tok, "proofread", t["proofread"])),
-            ("Writer.write", encode_prompt(tok, "reply", with_context(t["message"], t["context"]))),
-            ("LanguageModel.prompt", encode_chat(tok, first)),
-            ("LanguageModel.prompt after append, on a clone", encode_chat(tok, second)),
-            ("LanguageModel.prompt, no initial prompts", encode_chat(tok, [{"role": "user", "content": t["question"]}]))]
+    return [("Summarizer.summarize", "summarize", encode_prompt(tok, "summarize", with_context(t["summarize"], t["shared"], t["context"]))),
+            ("Proofreader.proofread", "proofread", encode_prompt(tok, "proofread", t["proofread"])),
+            ("Writer.write", "reply", encode_prompt(tok, "reply", with_context(t["message"], t["context"]))),
+            ("LanguageModel.prompt", None, encode_chat(tok, first)),
+            ("LanguageModel.prompt after append, on a clone", None, encode_chat(tok, second)),
+            ("LanguageModel.prompt, no initial prompts", None, encode_chat(tok, [{"role": "user", "content": t["question"]}]))]
 
 
 # ---------------------------------------------------------------- without a browser
@@ -330,7 +357,7 @@ def test_availability_follows_cache_storage_and_create_reports_the_download(brow
 
 
 @pytest.mark.parametrize("backend", ["wasm", "webgpu"])
-def test_every_api_call_writes_the_torch_reference_tokens_on_the_tiny_model(browser, tiny_url, chat_tiny, tiny_base, backend):
+def test_every_api_call_writes_the_torch_reference_tokens_on_the_tiny_model(browser, tiny_url, chat_tiny, tiny_models, backend):
     page = ApiPage(browser, tiny_url, f"?backend={backend}")
     try:
         page.click()
@@ -338,7 +365,7 @@ def test_every_api_call_writes_the_torch_reference_tokens_on_the_tiny_model(brow
         decodes = page.decodes()
         assert {d["backend"] for d in decodes} == {backend}
         tok = load_tokenizer(chat_tiny.base)
-        near_ties = check_exact(tiny_base, all_api_calls(tok, out), decodes)
+        near_ties = check_exact(tiny_models, all_api_calls(tok, out), decodes)
         print(f"tiny model, {backend}: {len(decodes)} API calls exact, {near_ties} near-ties, "
               f"{sum(len(d['ids']) for d in decodes)} tokens")
         assert out["summary"] == decodes[0]["text"] and out["reply"] == decodes[2]["text"]
@@ -525,16 +552,40 @@ def test_the_api_page_uses_the_four_apis(browser, tiny_url):
         page.close()
 
 
+@pytest.mark.parametrize("backend", ["wasm", "webgpu"])
+def test_the_demo_page_decodes_each_feature_with_its_adapter_and_switches_back(browser, tiny_url, chat_tiny, tiny_models,
+                                                                               backend):
+    """index.html: every task, then the first again, each exact against its torch production model; the base's
+    session is the same throughout (a feature's adapter is inputs of it) and each adapter is downloaded once."""
+    page = Page(browser, tiny_url + "index.html", f"?backend={backend}")
+    try:
+        tok = load_tokenizer(chat_tiny.base)
+        order = [*ADAPTED, "continue", ADAPTED[0]]
+        text = "Can you pick up some milk on you're way home tonight?"
+        calls, decodes = [], []
+        for task in order:
+            decodes.append(page.generate(prompt=text, task=task, mode="mtp", maxNewTokens=6 if backend == "webgpu" else 10))
+            calls.append((f"{task} on the demo page", task if task in ADAPTED else None, encode_prompt(tok, task, text)))
+        near_ties = check_exact(tiny_models, calls, decodes)
+        fetched = [u.rsplit("/", 1)[-1] for u in page.requests if "adapter." in u]
+        assert sorted(fetched) == sorted(f"adapter.{t}.safetensors" for t in ADAPTED), fetched
+        assert decodes[0]["ids"] == decodes[-1]["ids"], "switching back to a feature changed its answer"
+        print(f"tiny model, demo page on {backend}: {len(decodes)} features exact, {near_ties} near-ties")
+        assert page.errors == []
+    finally:
+        page.close()
+
+
 # ---------------------------------------------------------------- SmolLM2 and its shipped head
 
 @pytest.mark.slow
-def test_every_api_call_on_smollm2_writes_the_torch_reference_tokens_on_wasm(browser, smol_url, smol_base):
+def test_every_api_call_on_smollm2_writes_the_torch_reference_tokens_on_wasm(browser, smol_url, smol_models):
     page = ApiPage(browser, smol_url, "?backend=wasm")
     try:
         page.click()
         out = page.run(ALL_APIS, {"n": 8, "texts": TEXTS})
         decodes = page.decodes()
-        near_ties = check_exact(smol_base, all_api_calls(load_tokenizer(SMOL), out), decodes)
+        near_ties = check_exact(smol_models, all_api_calls(load_tokenizer(SMOL), out), decodes)
         accepted = sum(sum(d["accepted"]) for d in decodes)
         print(f"SmolLM2, wasm: {len(decodes)} API calls exact, {near_ties} near-ties, "
               f"{sum(len(d['ids']) for d in decodes)} tokens, {accepted} drafts accepted in {sum(d['steps'] for d in decodes)} steps")
@@ -578,7 +629,7 @@ def test_the_page_keeps_50_frames_per_second_while_a_summary_streams(browser, sm
 
 
 @pytest.mark.slow
-def test_an_api_call_on_smollm2_writes_the_torch_reference_tokens_on_webgpu(browser, smol_url, smol_base):
+def test_an_api_call_on_smollm2_writes_the_torch_reference_tokens_on_webgpu(browser, smol_url, smol_models):
     """SwiftShader emulates the GPU on the CPU (a pass of SmolLM2 takes seconds): one call, few tokens, q4."""
     page = ApiPage(browser, smol_url, "?backend=webgpu")
     try:
@@ -587,7 +638,7 @@ def test_an_api_call_on_smollm2_writes_the_torch_reference_tokens_on_webgpu(brow
         out = page.run("""async (text) => (await Proofreader.create({maxNewTokens: 3})).proofread(text)""", text)
         decodes = page.decodes()
         assert decodes[0]["backend"] == "webgpu" and decodes[0]["precision"] == "q4", decodes
-        near_ties = check_exact(smol_base, [("Proofreader.proofread", encode_prompt(load_tokenizer(SMOL), "proofread", text))],
+        near_ties = check_exact(smol_models, [("Proofreader.proofread", "proofread", encode_prompt(load_tokenizer(SMOL), "proofread", text))],
                                 decodes)
         print(f"SmolLM2, webgpu q4: 1 API call exact, {near_ties} near-ties, {len(decodes[0]['ids'])} tokens: {out}")
         assert page.errors == []

@@ -1,4 +1,4 @@
-"""The command line as CONTRACT.md writes it, and its errors: one line on stderr, non-zero, no traceback."""
+"""The command line as docs/contract.md writes it, and its errors: one line on stderr, non-zero, no traceback."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from builder.contract import DEFAULT_K
+from builder.data.tasks import ALL_TASKS, decode, encode_prompt, load_tokenizer
 from tests.conftest import INHOUSE, BASE_DIR, CONTEXT, HEAD_DIR, ROOT, expect_error, run
 
 
@@ -18,11 +20,20 @@ def test_generate_json_has_the_contract_fields(base):
     assert r.returncode == 0, r.stderr
     (line,) = r.stdout.splitlines()
     out = json.loads(line)
-    assert {"prompt", "task", "mode", "k", "backend", "prompt_ids", "ids", "text", "steps", "accepted",
-            "margins", "seconds"} <= out.keys()
-    assert out["mode"] == "ar" and out["backend"] == "torch" and out["task"] == "continue"
+    # docs/contract.md's fields and those added since (commands.md), each with its value for plain decoding
+    assert out.keys() == {"prompt", "task", "mode", "k", "backend", "prompt_ids", "ids", "text", "steps", "accepted",
+                          "margins", "seconds", "lookup", "lookups", "draft_cut", "verified", "precision", "adapter",
+                          "stopped"}
+    assert (out["prompt"], out["task"], out["mode"], out["k"], out["backend"], out["precision"], out["adapter"]) == (
+        "The json module", "continue", "ar", DEFAULT_K, "torch", "fp32", None)
+    assert out["prompt_ids"] == encode_prompt(load_tokenizer(BASE_DIR), "continue", "The json module")
     assert 1 <= len(out["ids"]) <= 12 and out["steps"] == len(out["ids"]) == len(out["margins"])
-    assert out["accepted"] == [] and out["text"]
+    assert out["text"] == decode(load_tokenizer(BASE_DIR), out["ids"]) and out["text"]
+    assert all(m >= 0 for m in out["margins"]) and out["seconds"] > 0
+    assert out["stopped"] in ("end-of-sequence", "max-new-tokens") and (len(out["ids"]) == 12 or out["stopped"] == "end-of-sequence")
+    # plain decoding: no drafts, one token verified a step
+    assert out["accepted"] == [] and out["lookup"] is False and out["draft_cut"] == 0.0
+    assert out["lookups"] == [] and out["verified"] == [1] * out["steps"]
 
 
 def test_generate_decodes_with_the_head_by_default_as_the_page_does():
@@ -104,7 +115,13 @@ def test_odd_text_is_decoded_as_text(tmp_path, tokenizer):
 
 
 def test_unknown_task_is_a_clear_error():
-    expect_error(run("generate", *INHOUSE, "--prompt", "hi", "--task", "summarise"), "summarise")
+    r = run("generate", *INHOUSE, "--prompt", "hi", "--task", "summarise")
+    expect_error(r, "--task", "'summarise'", *(repr(task) for task in ALL_TASKS))  # the tasks to choose from
+    assert r.returncode == 2, "an unknown task is a usage error (exit 2)"
+    # a task that exists but that this base does not offer (reply needs a chat base): refused, naming its tasks
+    r = run("generate", *INHOUSE, "--prompt", "hi", "--task", "reply")
+    expect_error(r, "does not offer the task 'reply'", "continue, proofread, summarize")
+    assert r.returncode == 1 and r.stdout == "", "refused before decoding anything"
 
 
 def test_bad_line_in_prompts_file_names_the_line(tmp_path):

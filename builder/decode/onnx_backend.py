@@ -19,10 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import load_file
 
+from ..contract import read_manifest
 from ..errors import CheckpointError
-from ..export.manifest import read_manifest
 from .drafter import IndependentDrafter
+
+
+def adapter_feeds(directory: Path, manifest: dict, task: str | None, dtype: np.dtype) -> dict[str, np.ndarray]:
+    """The base graph's adapter inputs for a task (manifest["adapters"]): its adapter's tensors, each transposed
+    and scaled as the manifest says, or zeros (the base alone) for task None; {} for a graph without them."""
+    spec = manifest.get("adapters")
+    if spec is None:
+        if task is not None:
+            raise CheckpointError(f"the export in {directory} holds no adapters: export it with the {task} adapter")
+        return {}
+    if task is not None and task not in spec["by_task"]:
+        raise CheckpointError(f"the export in {directory} has no adapter for {task!r} (it has {', '.join(spec['by_task'])})")
+    state = load_file(directory / spec["by_task"][task]) if task else None
+    shapes = {i["name"]: i["shape"] for i in manifest["precisions"][next(iter(manifest["precisions"]))]["graphs"]["base"]["inputs"]}
+    return {name: (state[key].astype(np.float32).T * np.float32(scale)).astype(dtype) if state
+            else np.zeros(shapes[name], dtype) for name, (key, scale) in spec["inputs"].items()}
 
 
 @dataclass
@@ -40,7 +57,7 @@ class OnnxBackend:
     "drafter" (the independent drafter)."""
 
     def __init__(self, directory: str | Path, source: str | None = None, k: int = 0, precision: str = "fp32",
-                 threads: int = 1):
+                 threads: int = 1, adapter: str | None = None):
         import onnxruntime as ort
 
         self.directory = Path(directory)
@@ -72,6 +89,7 @@ class OnnxBackend:
         self.outputs = ["choices", "margins", "hidden", *(["embeds"] if "embeds" in base_out else []), *kv["present_outputs"]]
         self.run_seconds = defaultdict(list)  # "base T=5", "head k=4", ..: the wall time of each such run
         self.base = session("base")
+        self.adapter = adapter_feeds(self.directory, m, adapter, self.float)  # the feature's production model
         self.head = self.drafter = None
         if source == "head":
             self.k, self.head = k, session(m["head"]["by_k"][str(k)])
@@ -95,7 +113,8 @@ class OnnxBackend:
     def _base(self, state_cache: dict[str, np.ndarray], state_ids: list[int], ids: list[int], last_only: bool = False):
         """The base on ids after the cache: its choices after every id (a verify) or after the last (a prefill)."""
         at = [len(ids) - 1] if last_only else range(len(ids))
-        feeds = {"input_ids": np.array([ids], dtype=np.int64), "outputs_at": np.array(at, dtype=np.int64), **state_cache}
+        feeds = {"input_ids": np.array([ids], dtype=np.int64), "outputs_at": np.array(at, dtype=np.int64), **state_cache,
+                 **self.adapter}
         out = dict(zip(self.outputs, self._run(self.base, f"base T={len(ids)}", self.outputs, feeds)))
         cache = {past: out[name] for name, past in self.present.items()}
         choices, margins, hidden, embeds = out["choices"][0].tolist(), out["margins"], out["hidden"], out.get("embeds")

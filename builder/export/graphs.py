@@ -10,6 +10,8 @@ wrappers that only rename and flatten:
                      hidden (1, U, C)         the final normed hidden states there
                      embeds (1, U, C)         the embedding of each choice (with a head that reads it)
                      present_key_i / present_value_i (1, S + T, n_kv, head_dim)
+                  with adapters (manifest "adapters"): every projection's A^T and B^T of the feature's adapter
+                  (zeros: the base alone), after the cache
                   T, U and S are dynamic; S = 0 is the prefill (one graph serves prefill, decode and verify).
                   A verify decides after every fed token (outputs_at 0..T-1); a prefill, and each run of the
                   drafter, only after the last (T - 1): the LM head over 49,152 tokens is a fifth of a
@@ -47,7 +49,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import multiprocessing
+import os
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -55,25 +60,34 @@ import onnx
 import torch
 import torch.nn as nn
 
+from ..contract import PRECISIONS
 from ..decode.torch_backend import greedy
+from ..models.adapter import add_adapter, is_adapter_key, remove_adapter
 from ..models.head import MTPHead
 from ..models.llama import Llama
 from .fuse import INLINE_BYTES, fuse, half_stored, untranspose, without_provenance
-from .manifest import PRECISIONS
 
 OPSET = 18
 
 
 class BaseGraph(nn.Module):
     """The base with flat per-layer KV inputs/outputs and the greedy choice and margin computed inside;
-    with embeds, also the embedding of each choice (what the head's first draft step reads)."""
+    with embeds, also the embedding of each choice (what the head's first draft step reads).
+
+    With an adapter attached, every projection also computes its low-rank update (models/llama.Projection)
+    on tensors fed as inputs: one session serves every feature, and zeros feed the base alone (its output
+    plus exactly 0). Each input is an adapter tensor transposed (A^T (in, r), B^T (r, out): the graph
+    multiplies by them as they are, no Transpose per run), B^T already scaled by alpha / rank (the graph's
+    own scale is 1: one Mul fewer per projection; manifest.adapter_manifest says how)."""
 
     def __init__(self, base: Llama, embeds: bool = True):
         super().__init__()
         self.base, self.embeds = base, embeds
+        self.lora = [name for name, _ in self.base.named_parameters() if is_adapter_key(name)]
 
-    def forward(self, input_ids, outputs_at, past: list[torch.Tensor]):
-        logits, hidden, present = self.base(input_ids, list(zip(past[0::2], past[1::2])), at=outputs_at)
+    def forward(self, input_ids, outputs_at, past: list[torch.Tensor], lora: list[torch.Tensor] = ()):
+        args, weights = (input_ids, list(zip(past[0::2], past[1::2]))), {n: t.t() for n, t in zip(self.lora, lora)}
+        logits, hidden, present = torch.func.functional_call(self.base, weights, args, {"at": outputs_at})
         choices, margins = greedy(logits[0])  # (U,), (U,): after each position of outputs_at
         extra = [self.base.model.embed_tokens(choices)[None]] if self.embeds else []
         return choices[None], margins[None], hidden, *extra, [t for kv in present for t in kv]
@@ -127,12 +141,16 @@ def float_type(module: nn.Module) -> str:
 
 
 def base_io(base: Llama, embeds: bool = True) -> dict:
+    """The base graph's inputs and outputs; an attached adapter's tensors are inputs after the cache, named
+    as PEFT names them less its prefix (models/adapter.py), in the base's float type."""
     cfg, fl = base.config, float_type(base)
     kv = [cfg.num_key_value_heads, cfg.head_dim]
     layers = range(cfg.num_hidden_layers)
     past = [io(f"past_{kind}_{i}", fl, [1, "S", *kv]) for i in layers for kind in ("key", "value")]
     present = [io(f"present_{kind}_{i}", fl, [1, "S + T", *kv], "gpu") for i in layers for kind in ("key", "value")]
-    return {"inputs": [io("input_ids", "int64", [1, "T"]), io("outputs_at", "int64", ["U"])] + past,
+    lora = [io(name.removesuffix(".weight") + ".T", fl, list(p.shape)[::-1])
+            for name, p in base.named_parameters() if is_adapter_key(name)]
+    return {"inputs": [io("input_ids", "int64", [1, "T"]), io("outputs_at", "int64", ["U"])] + past + lora,
             "outputs": [io("choices", "int64", [1, "U"], "cpu"), io("margins", fl, [1, "U"], "gpu"),
                         io("hidden", fl, [1, "U", cfg.hidden_size], "gpu")]
                        + ([io("embeds", fl, [1, "U", cfg.hidden_size], "gpu")] if embeds else []) + present}
@@ -181,8 +199,10 @@ def export_base(base: Llama, embeds: bool = True) -> tuple[onnx.ModelProto, dict
     ids, at = torch.zeros(1, 3, dtype=torch.long), torch.tensor([1, 2])
     dtype = next(base.parameters()).dtype
     past = [torch.zeros(1, 5, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_hidden_layers)]
+    graph = BaseGraph(base, embeds)
+    lora = [torch.zeros_like(p).t() for name, p in base.named_parameters() if name in graph.lora]
     spec = base_io(base, embeds)
-    return to_onnx(BaseGraph(base, embeds), (ids, at, past), spec, ({1: T}, {0: U}, [{1: S}] * len(past))), spec
+    return to_onnx(graph, (ids, at, past, lora), spec, ({1: T}, {0: U}, [{1: S}] * len(past), [None] * len(lora))), spec
 
 
 def export_head(head: MTPHead, base: Llama, k: int) -> tuple[onnx.ModelProto, dict]:
@@ -246,6 +266,7 @@ class WeightStore:
 # pickled, and no script is imported again. They run no onnxruntime session (fuse.py uses its Python optimizer).
 EXPORT_WORKERS = 4  # at most: each worker may come to hold its own copy of the models (an fp16 cast, pages written)
 _models: tuple = ()
+_adapter: int | None = None  # the rank of the base graph's adapter inputs, or none
 _cast: dict[str, tuple] = {}  # precision -> the models in it: cast once per process, not once per graph
 
 
@@ -260,7 +281,14 @@ def _export_job(job: tuple[str, str, int]) -> tuple[bytes, dict]:
         _cast[precision] = tuple(copy.deepcopy(m).half() if precision == "fp16" and m is not None else m for m in _models)
     base, head, drafter = _cast[precision]
     if name == "base":
-        model, spec = export_base(base, embeds=head is not None and bool(head.config.draft_vocab))
+        if _adapter:  # the adapter's inputs: attached to this process's base while its graph exports, scale 1
+            add_adapter(base, _adapter, _adapter)
+            for _, p in base.named_parameters():
+                p.data = p.data.to(next(base.parameters()).dtype)
+        try:
+            model, spec = export_base(base, embeds=head is not None and bool(head.config.draft_vocab))
+        finally:
+            remove_adapter(base)
     elif name == "drafter":
         model, spec = export_base(drafter, embeds=False)  # with the base graph's inputs and outputs but embeds
     else:
@@ -269,20 +297,17 @@ def _export_job(job: tuple[str, str, int]) -> tuple[bytes, dict]:
 
 
 def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out: Path,
-                  precisions: tuple[str, ...]) -> dict:
-    """Writes every graph, in each precision, with their weights files into out/.
+                  precisions: tuple[str, ...], adapter: int | None = None) -> dict:
+    """Writes every graph, in each precision, with their weights files into out/; adapter: the rank of the
+    adapters the base graph takes as inputs (BaseGraph), or None for none.
     Returns precision -> {"dtype", "graphs": name -> {file, weights, inputs, outputs}}."""
-    import multiprocessing
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
     ks = range(1, head.config.k_train + 1) if head is not None else ()
     jobs = [(name, precision, k) for precision in precisions
             for name, k in [("base", 0), *((f"head_k{k}", k) for k in ks), *([("drafter", 0)] if drafter else [])]]
     workers = min(EXPORT_WORKERS, os.cpu_count() or 1, len(jobs))
     store, result = WeightStore(out), {p: {"dtype": PRECISIONS[p], "graphs": {}} for p in precisions}
-    global _models
-    _models = (base, head, drafter)
+    global _models, _adapter
+    _models, _adapter = (base, head, drafter), adapter
     pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), initializer=_one_thread) if workers > 1 else None
     try:
         done = pool.map(_export_job, jobs) if pool else map(_export_job, jobs)
@@ -292,7 +317,7 @@ def export_graphs(base: Llama, head: MTPHead | None, drafter: Llama | None, out:
             onnx.save(model, out / f"{name}{suffix}.onnx")
             result[precision]["graphs"][name] = {"file": f"{name}{suffix}.onnx", "weights": weights, **spec}
     finally:
-        _models = ()
+        _models, _adapter = (), None
         _cast.clear()
         if pool:
             pool.shutdown(cancel_futures=True)

@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from ..atomic import replacing
 from ..errors import CheckpointError
-from .llama import PROJECTIONS, Llama, Projection
+from .head import base_fingerprint
+from .llama import PROJECTIONS, Llama, Projection, load_llama
 
 PREFIX = "base_model.model."  # PEFT's prefix of a LoraModel's keys
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -78,8 +80,6 @@ def save_adapter(model: Llama, directory: str | Path, rank: int, alpha: float, e
     base's fingerprint and the feature)."""
     from safetensors.torch import save_file
 
-    from ..atomic import replacing
-
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
               "bias": "none", "target_modules": list(PROJECTIONS), "fan_in_fan_out": False, **extra}
     state = {k: v.to(torch.float16).contiguous() for k, v in adapter_state(model).items()}
@@ -131,3 +131,13 @@ def load_adapter(model: Llama, directory: str | Path, fingerprint: str | None = 
             with torch.no_grad():
                 getattr(proj, part).weight.copy_(value.to(torch.float32))
     return config
+
+
+def adapters_for(base_dir: Path, root: Path) -> tuple[Path, ...]:
+    """The adapters under root (one folder each) trained on the base in base_dir, by its fingerprint: the
+    default adapters of `build` (none for a base of one's own that has none)."""
+    found = sorted(d for d in Path(root).glob("*") if (d / "adapter_config.json").is_file()) if Path(root).is_dir() else []
+    if not found:
+        return ()
+    fingerprint = base_fingerprint(load_llama(base_dir))
+    return tuple(d for d in found if read_adapter_config(d).get("base_fingerprint") == fingerprint)

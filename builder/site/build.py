@@ -5,7 +5,8 @@ build() reads as the recipe:
 2. install the browser libraries with `npm ci` from web/package-lock.json when they are missing;
 3. render web/templates with jinja2, copy the page's ES modules and stylesheet;
 4. copy the graphs and weights files of the precisions asked for (a weights file with a packed form,
-   export/packed.py: that form instead), the tokenizer, and a manifest that lists exactly those files;
+   export/packed.py: that form instead), the tokenizer, the features' adapters, and a manifest that lists
+   exactly those files;
 5. copy only the onnxruntime-web and tokenizer library files the page loads (and their licences); the
    manifest records the sha256 of its WebAssembly runtimes, which the page checks in its cache.
 
@@ -26,8 +27,9 @@ from pathlib import Path
 import jinja2
 
 from ..atomic import locked, replacing
+from ..contract import FORMAT, MANIFEST, PRECISIONS, Q4, graph_files, sha256_file
 from ..errors import SiteError
-from ..export.manifest import FORMAT, MANIFEST, PRECISIONS, Checkpoints, ensure_export, graph_files, sha256_file
+from ..export.manifest import Checkpoints, ensure_export
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +124,10 @@ def site_models(manifest: dict, onnx_dir: Path, precisions: tuple[str, ...], mod
     """Copies the files of the precisions asked for and the tokenizer; writes the manifest of exactly those, and
     of the site's WebAssembly runtimes (site path -> bytes and sha256)."""
     # q4 (export/nbits.py) comes with fp32: its files are fp32's but the base's, rebuilt from the same blocks
-    q4 = ("q4",) if "fp32" in precisions and "q4" in manifest["precisions"] else ()
+    q4 = (Q4,) if "fp32" in precisions and Q4 in manifest["precisions"] else ()
     kept = {p: manifest["precisions"][p] for p in (*precisions, *q4)}
     files = {f for p in kept.values() for g in p["graphs"].values() for f in graph_files(g)} | {manifest["tokenizer"]}
+    files |= set((manifest.get("adapters") or {}).get("by_task", {}).values())  # the features' adapters
     # a weights file with a packed form: the site holds that (the page rebuilds the file from it)
     files |= {manifest["files"][f]["packed"]["file"] for f in files if "packed" in manifest["files"][f]}
     for name in sorted(files):

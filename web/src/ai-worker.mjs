@@ -25,8 +25,7 @@ let chain = Promise.resolve();  // one decode at a time, in the order asked
 const controllers = new Map();  // generation id -> its AbortController
 
 /** The graphs a task ('chat' for LanguageModel) decodes with: the base and the head graph of the manifest's
- * default k, the same for every task today. Where a task comes to need files of its own (a per-task adapter),
- * this is the one place that names them: `generate` opens them on demand before that task's first decode. */
+ * default k, the same for every task (a feature's adapter is inputs of the base graph: sessions.adapterFeeds). */
 const graphsFor = (manifest, task = 'chat') => ['base', manifest.head.by_k[manifest.defaults.k]];
 
 /** The precision loadModels would open for this backend choice, among the site's. */
@@ -44,8 +43,8 @@ async function availability(backend) {
   await startRuntime(choice.backend);  // imports the bundle only: runtimeFile names the build in use
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(new URL('manifest.json', MODELS))));
   const graphs = manifest.precisions[precisionOf(manifest, choice)].graphs;
-  const files = new Set([manifest.tokenizer, ...graphsFor(manifest).flatMap((g) => [graphs[g].file, ...graphs[g].weights])]
-    .map((f) => manifest.files[f].packed?.file ?? f));
+  const files = new Set([manifest.tokenizer, ...graphsFor(manifest).flatMap((g) => [graphs[g].file, ...graphs[g].weights]),
+    ...Object.values(manifest.adapters?.by_task ?? {})].map((f) => manifest.files[f].packed?.file ?? f));
   const cached = await Promise.all([...files].map((f) => isCached(new URL(f, MODELS), manifest.files[f].sha256)));
   const runtime = runtimeFile(manifest);  // cached under its sha256, as fetchRuntime keeps it
   return cached.every(Boolean) && await isCached(runtime.url, runtime.sha256) ? 'available' : 'downloadable';
@@ -64,6 +63,8 @@ function load(backend, progress) {
         onProgress: (n, total, file) => { if (file !== 'the WebAssembly runtime') progress(n, total); },
       });
       const { sessions } = loaded;
+      // every feature's adapter comes with the models: after create() nothing is left to download (availability)
+      await Promise.all(Object.keys(loaded.manifest.adapters?.by_task ?? {}).map((task) => sessions.adapterFeeds(task)));
       return { ...loaded, info: { backend: sessions.backend, precision: sessions.precision, threads, threadsNote,
         note: choice.note, contextWindow: loaded.manifest.context_length, chat: !!loaded.manifest.chat,
         tasks: Object.keys(loaded.manifest.tasks) } };
@@ -136,8 +137,9 @@ function generate(id, prompt, maxNewTokens, post) {
     const promptIds = encode(m, prompt);
     const k = manifest.defaults.k;
     const draftCut = manifest.draft_cut?.[sessions.backend] ?? 0;
-    const backend = yielding(new OnnxBackend(sessions, { source: 'head', k, draftCut }));
-    await sessions.open([...backend.graphs, ...graphsFor(manifest, prompt.task ?? 'chat')]);  // a task's own files too
+    const adapter = await sessions.adapterFeeds(prompt.task ?? null);  // the feature's adapter (chat: the base alone)
+    const backend = yielding(new OnnxBackend(sessions, { source: 'head', k, draftCut, adapter }));
+    await sessions.open([...backend.graphs, ...graphsFor(manifest, prompt.task ?? 'chat')]);
     const stream = new TextStream(tokenizer);
     const t0 = performance.now();
     try {

@@ -161,7 +161,8 @@ function generate({ prompt, task = 'continue', mode, k, lookup, draftCut, maxNew
     }
     const promptIds = tokenizer.encodePrompt(task, prompt);
     const source = manifest.modes[mode];
-    const backend = new OnnxBackend(sessions, { source, k, draftCut, trace: trace ? [] : null });
+    const adapter = await sessions.adapterFeeds(task);  // the feature's production model: base + its adapter
+    const backend = new OnnxBackend(sessions, { source, k, draftCut, adapter, trace: trace ? [] : null });
     await sessions.open(backend.graphs);  // open (download) the graphs this mode needs before the clock starts
     const t0 = performance.now();
     let firstTokenMs = null;

@@ -44,14 +44,16 @@ const cacheOf = (out, kv) => Object.fromEntries(kv.present_outputs.map((name, i)
 export class OnnxBackend {
   /**
    * @param {import('./sessions.mjs').Sessions} sessions  the page's sessions (sessions.mjs)
-   * @param {{source?: 'head'|'drafter'|null, k?: number, draftCut?: number, trace?: object[]|null}} options  source:
-   *   who drafts (null: plain decoding); k: the user's k (the head graph that runs); draftCut: the decode's cut
-   *   (generate.mjs), without which the head's confidences stay where they are; trace: records every run when given
+   * @param {{source?: 'head'|'drafter'|null, k?: number, draftCut?: number, adapter?: object, trace?: object[]|null}} options
+   *   source: who drafts (null: plain decoding); k: the user's k (the head graph that runs); draftCut: the decode's
+   *   cut (generate.mjs), without which the head's confidences stay where they are; adapter: the base graph's adapter
+   *   inputs, the feature's (sessions.adapterFeeds); trace: records every run when given
    */
-  constructor(sessions, { source = null, k = 0, draftCut = 0, trace = null } = {}) {
+  constructor(sessions, { source = null, k = 0, draftCut = 0, adapter = {}, trace = null } = {}) {
     const m = sessions.manifest;
     this.sessions = sessions;
     this.draftCut = draftCut;
+    this.adapter = adapter;
     this.trace = trace;
     this.context = m.context_length;
     this.kv = m.kv;
@@ -84,7 +86,8 @@ export class OnnxBackend {
    * last), the state after them]. */
   async verify(state, ids, lastOnly = false) {
     const at = lastOnly ? [ids.length - 1] : ids.map((_, i) => i);
-    const out = await this.run('base', { input_ids: int64(ids), outputs_at: int64(at, [at.length]), ...state.cache });
+    const out = await this.run('base', { input_ids: int64(ids), outputs_at: int64(at, [at.length]), ...state.cache,
+      ...this.adapter });
     this.sessions.dispose(out.margins);  // never read: the exactness rule's margins are the Python reference's
     const cache = cacheOf(out, this.kv);
     this.release();  // the run has read the old state: the new one replaces it

@@ -10,7 +10,7 @@
 
 import { Tokenizer } from './vendor/tokenizers/tokenizers.min.mjs';
 import { DeviceLostError, PageError } from './errors.mjs';
-import { unpack } from './blocks.mjs';
+import { half, unpack } from './blocks.mjs';
 import { fetchBytes, fetchModelFile, fetchRuntime, hex, pruneCache } from './files.mjs';
 import { gpuCounter, ort, runtimeFile, startRuntime } from './runtime.mjs';
 import { TaskTokenizer, unicodeDigits } from './tasks.mjs';
@@ -48,6 +48,21 @@ export async function loadModels(modelsUrl, { backend, precision, threads = 1, o
   return { manifest, tokenizer, sessions };
 }
 
+/** A safetensors file's tensors: name -> {dtype, shape, data} (F16 data as its 16-bit words). */
+function safetensors(bytes) {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const n = Number(view.getBigUint64(0, true));
+  const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + n)));
+  const tensors = {};
+  for (const [name, t] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    const [start, end] = t.data_offsets;
+    const raw = bytes.slice(8 + n + start, 8 + n + end);  // a copy: aligned for its typed array
+    tensors[name] = { dtype: t.dtype, shape: t.shape, data: t.dtype === 'F16' ? new Uint16Array(raw.buffer) : raw };
+  }
+  return tensors;
+}
+
 /** The sessions of the manifest's graphs in one backend and precision, opened when first needed. */
 export class Sessions {
   constructor(manifest, modelsUrl, backend, precision, { onProgress, onLost } = {}) {
@@ -65,6 +80,7 @@ export class Sessions {
     this.gpuTensors = new Set();     // every GPU tensor a run returned and nobody disposed yet
     this.bufferIds = new WeakMap();  // GPUBuffer -> a number, for traces
     this.buffers = 0;
+    this.adapters = {};              // task (null: none) -> promise of the base graph's adapter inputs for it
     this.device = null;              // the WebGPU device watched for loss
     this.lost = null;                // once that device is lost: its GPUDeviceLostInfo
   }
@@ -131,6 +147,56 @@ export class Sessions {
     for (const path of paths) {
       if (!pending.some((name) => this.graphs[name].weights.includes(path))) delete this.weights[path];
     }
+  }
+
+  /**
+   * The base graph's adapter inputs for a task (manifest.adapters): its adapter's tensors (downloaded once, checked
+   * against the manifest), each transposed and scaled as the manifest says, or zeros (the base alone) for a task
+   * without one; {} for a graph without adapter inputs. On WebGPU they are uploaded once, kept on the GPU, and
+   * fed to every run as they are: switching features changes these inputs, never the base's session.
+   * @param {string|null} task
+   * @returns {Promise<Object<string, ort.Tensor>>}
+   */
+  adapterFeeds(task) {
+    const spec = this.manifest.adapters;
+    if (!spec) return Promise.resolve({});
+    const key = spec.by_task[task] ? task : null;
+    return (this.adapters[key] ??= this.loadAdapter(key));
+  }
+
+  async loadAdapter(task) {
+    const spec = this.manifest.adapters;
+    const file = task && spec.by_task[task];
+    const state = file ? safetensors(await this.fetch(file, () => () => {})) : null;
+    const shapes = Object.fromEntries(this.graphs.base.inputs.map((i) => [i.name, i.shape]));
+    const f16 = this.dtype === 'float16';
+    if (f16 && typeof Float16Array === 'undefined') throw new PageError('this browser lacks Float16Array: use ?precision=fp32');
+    if (this.backend === 'webgpu') await this.open(['base']);  // the device onnxruntime-web creates with it
+    const feeds = {};
+    for (const [name, [key, scale]] of Object.entries(spec.inputs)) {
+      const [rows, cols] = shapes[name];  // the input: the file's (cols, rows) tensor transposed
+      const out = f16 ? new Float16Array(rows * cols) : new Float32Array(rows * cols);
+      if (state) {
+        const t = state[key];
+        if (!t || t.dtype !== 'F16' || t.shape[0] !== cols || t.shape[1] !== rows) {
+          throw new PageError(`${file}: ${key} is missing or not an F16 [${cols}, ${rows}] tensor: rebuild the site`);
+        }
+        for (let r = 0; r < rows; r += 1) for (let c = 0; c < cols; c += 1) out[r * cols + c] = half(t.data[c * rows + r]) * scale;
+      }
+      feeds[name] = this.backend === 'webgpu' ? this.gpuTensor(out, this.dtype, [rows, cols])
+        : new ort.Tensor(this.dtype, f16 ? new Uint16Array(out.buffer) : out, [rows, cols]);
+    }
+    return feeds;
+  }
+
+  /** A tensor uploaded to a buffer of onnxruntime-web's WebGPU device, kept there for the page's life. */
+  gpuTensor(values, dataType, dims) {
+    const device = ort.env.webgpu.device;
+    // eslint-disable-next-line no-undef
+    const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+    const buffer = device.createBuffer({ size: Math.ceil(values.byteLength / 16) * 16, usage });
+    device.queue.writeBuffer(buffer, 0, values.buffer, values.byteOffset, values.byteLength);
+    return ort.Tensor.fromGpuBuffer(buffer, { dataType, dims, dispose: () => buffer.destroy() });
   }
 
   /** Watches the WebGPU device onnxruntime-web created (with the first session) for loss. */
