@@ -178,6 +178,11 @@ def build_parser() -> Parser:
                                                             "--prompts-per-task, e.g. summarize=4000,proofread=700")
     h.add_argument("--chat-messages", type=positive_int, help="N more reply prompts that are real short messages (the "
                    "chatterbot-corpus package's, data/messages.py; its held-back ones get their own tau table)")
+    h.add_argument("--everyday", type=task_counts, help="train on the production models' answers: N of each feature's "
+                   "everyday training texts (data/everyday.py), decoded by the base plus the feature's adapter in "
+                   "--adapters (continue: the base), e.g. proofread=800,summarize=600,reply=800,continue=400; "
+                   "needs --cache-features")
+    h.add_argument("--adapters", help="with --everyday: the features' adapters, ADAPTERS/TASK (default models/adapters)")
     h.add_argument("--layers", type=positive_int, help="the head's decoder layers (default 1); with --init, more than the "
                    "head has adds layers that start as the identity (a deeper second stage)")
     h.add_argument("--replay", action="store_true", help="with --init: train on every earlier stage's data as well as "
@@ -402,7 +407,8 @@ def cmd_train_head(args) -> None:
                "eval_prompts": args.eval_prompts, "checkpoint_every": args.checkpoint_every, "targets": args.targets,
                "kv_layer": args.kv_layer, "lr": args.lr, "task_prompts": args.task_prompts, "init": args.init,
                "layers": args.layers, "draft_vocab": args.draft_vocab, "cache_features": args.cache_features or None,
-               "replay": args.replay or None, "chat_messages": args.chat_messages}
+               "replay": args.replay or None, "chat_messages": args.chat_messages, "everyday": args.everyday,
+               "adapters": args.adapters}
     cfg = HeadTrainConfig(seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     log = train_and_report(Path(args.base), Path(args.head), cfg, data=args.data, device=args.device,
                            restart=args.restart)

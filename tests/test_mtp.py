@@ -361,3 +361,50 @@ def test_cli_mtp_json_reports_steps_and_acceptance():
     assert mtp["ids"] == ar["ids"] and mtp["mode"] == "mtp" and mtp["k"] == 4
     assert len(mtp["accepted"]) == mtp["steps"] < ar["steps"] == len(ar["ids"])
     check_steps(mtp["accepted"], len(mtp["ids"]), mtp["stopped"])
+
+
+def test_a_stage_learns_the_production_models_answers(corpus, tmp_path):
+    """--everyday: each feature's everyday training texts are decoded by its production model (the base plus
+    the feature's adapter; continue and features without one: the base alone), the head learns that model's
+    features, the adapter is gone afterwards, the base never changes, and without --cache-features (the base
+    would run alone at every step) the stage is refused."""
+    from dataclasses import asdict, replace
+
+    import builder.train.head as th
+    from builder.errors import UserError
+    from builder.models.adapter import add_adapter, load_adapter, remove_adapter, save_adapter
+    from builder.train.distill import greedy_continuations
+
+    tiny, tok, small = tiny_setup(corpus, tmp_path / "tokenizer")
+    fingerprint, eos = base_fingerprint(tiny), tiny.config.eos_token_id
+    add_adapter(tiny, rank=2, alpha=4.0, seed=1)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # B is zero in a fresh adapter: the production model would be the base
+        for name, p in tiny.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 2)
+    save_adapter(tiny, tmp_path / "adapters" / "proofread", 2, 4.0, {"base_fingerprint": fingerprint})
+    remove_adapter(tiny)
+    cfg = HeadTrainConfig(new_tokens=6, steps=1, batch_size=4, k=2, everyday={"proofread": 3, "continue": 2},
+                          adapters=str(tmp_path / "adapters"))
+    with pytest.raises(UserError, match="--cache-features"):
+        train_head(tiny, tok, small, cfg)
+
+    parts = th.stage_parts(tok, small, asdict(cfg))
+    assert [(len(ps), n, a) for ps, n, a in parts] == [(3, 6, str(tmp_path / "adapters" / "proofread")), (2, 6, None)]
+    got = th.distil_parts(tiny, fingerprint, parts, kv_layer=0)
+    assert base_fingerprint(tiny) == fingerprint and not any(".lora_" in n for n in tiny.state_dict())
+    as_lists = lambda data: [(int(n), [int(t) for t in seq]) for n, seq in data]  # noqa: E731
+    plain = greedy_continuations(tiny, parts[0][0], 6, eos)
+    load_adapter(tiny, tmp_path / "adapters" / "proofread", fingerprint)
+    production, feats = greedy_continuations(tiny, parts[0][0], 6, eos, kv_layer=0)
+    remove_adapter(tiny)
+    assert as_lists(got[0][0]) == as_lists(production) != as_lists(plain)
+    for ours, theirs in zip(got[0][1], feats):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), "the features are not the production model's"
+    assert as_lists(got[1][0]) == as_lists(greedy_continuations(tiny, parts[1][0], 6, eos))  # continue: the base
+
+    head, log = train_head(tiny, tok, small, replace(cfg, cache_features=True))
+    assert log["sequences"] == 5 and head.config.base_fingerprint == fingerprint == base_fingerprint(tiny)
+    command = th.stage_command({"train_config": asdict(replace(cfg, cache_features=True))})
+    assert "--everyday proofread=3,continue=2" in command and f"--adapters {tmp_path / 'adapters'}" in command

@@ -349,3 +349,29 @@ also still just both each other about while after before up out there here some 
 def words_lower() -> frozenset[str]:
     """The word list's words that are not only names (written in lower case there)."""
     return frozenset(w for w in words() if w.islower())
+
+
+# --- per feature -------------------------------------------------------------------------------------------
+
+def summarize_inputs(split: str, n: int, seed: int) -> list[tuple[str, str]]:
+    """Notification stacks, with no target: the summaries are the base's own (train/adapter.distilled_summaries)."""
+    return [(s, "") for s in summary_inputs(split, n, seed)]
+
+
+PAIRS = {"proofread": proofread_pairs, "reply": reply_pairs, "summarize": summarize_inputs}  # (text, target) of a feature
+HELD_OUT_SEED = 12345
+
+
+def held_out(task: str, n: int) -> list[tuple[str, str]]:
+    """The feature's held-out pairs (the eval split, a fixed seed): what the adapters' cards, the features' tau and
+    the bench measure."""
+    return PAIRS[task]("eval", n, seed=HELD_OUT_SEED)
+
+
+def feature_texts(task: str, split: str, n: int, seed: int) -> list[str]:
+    """n texts a user gives the feature (continue, the plain chat model: goes on with the reply set's messages)."""
+    return [text for text, _ in PAIRS["reply" if task == "continue" else task](split, n, seed=seed)]
+
+
+def held_out_texts(task: str, n: int) -> list[str]:
+    return [text for text, _ in held_out("reply" if task == "continue" else task, n)]

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data.everyday import FRAME_WORDS, proofread_pairs, reply_pairs, summary_faults, summary_inputs
+from ..data.everyday import FRAME_WORDS, PAIRS, held_out, summary_faults
 from ..data.tasks import decode, encode_chat, encode_prompt, encode_text, load_tokenizer
 from ..errors import UserError
 from ..models.adapter import add_adapter, load_adapter, projections, remove_adapter, save_adapter
@@ -44,14 +44,6 @@ logger = logging.getLogger(__name__)
 
 FEATURES = ("proofread", "reply", "summarize")  # the features with an adapter (`continue` is the plain chat model)
 NEW_TOKENS = {"proofread": 64, "reply": 40, "summarize": 48}  # the longest answer a model may write here
-
-
-def summarize_inputs(split: str, n: int, seed: int) -> list[tuple[str, str]]:
-    """Notification stacks, with no target: the summaries are the base's own (`distilled_summaries`)."""
-    return [(s, "") for s in summary_inputs(split, n, seed)]
-
-
-PAIRS = {"proofread": proofread_pairs, "reply": reply_pairs, "summarize": summarize_inputs}
 
 
 @dataclass
@@ -181,11 +173,6 @@ def echoes(stack: str, summary: str) -> list[str]:
     have = {w.lower()[:5] for w in re.findall(r"[A-Za-z']+", stack)}
     words = [w for w in re.findall(r"[A-Za-z']+", summary) if w.lower() in example and w.lower()[:5] not in have]
     return [f"an example's words ({', '.join(words[:3])})"] if words else []
-
-
-def held_out(task: str, n: int) -> list[tuple[str, str]]:
-    """The feature's held-out pairs (the eval split, a fixed seed): what the card measures."""
-    return PAIRS[task]("eval", n, seed=12345)
 
 
 def digest(pairs: list[tuple[str, str]]) -> str:

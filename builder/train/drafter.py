@@ -33,7 +33,7 @@ from ..errors import CheckpointError
 from ..models.head import base_fingerprint, load_head
 from ..models.llama import Llama, LlamaConfig, load_llama, save_llama
 from .distill import distilled, each_once, make_batches, measure_acceptance, prompts_line, training_prompts
-from .head import HeadTrainConfig, stage_prompts, training_stages
+from .head import HeadTrainConfig, distil_parts, stage_parts, training_stages
 from .loop import Run, Schedule, sequential, train
 
 
@@ -77,17 +77,17 @@ def distill_loss(drafter: Llama, base: Llama, seqs: torch.Tensor, valid: torch.T
 
 
 def head_data(base: Llama, tok, corpus, head_dir: str, fingerprint: str):
-    """The sequences every stage of the head in head_dir trained on (each once), with the base's final
-    hidden states (build/distill/, distilled where missing), and the base's LM head rows of the head's draft
+    """The sequences every stage of the head in head_dir trained on (each once), with the final hidden states
+    of the model that wrote them, the base or a feature's production model (build/distill/, distilled where missing), and the base's LM head rows of the head's draft
     vocabulary with their ids: what the head's soft targets are made of."""
     head = load_head(head_dir, base)
     if not head.config.draft_vocab:
         raise CheckpointError(f"the head in {head_dir} has no draft vocabulary: train the drafter on the base itself")
     stages = training_stages(json.loads((Path(head_dir) / "train_log.json").read_text()))
-    parts = [(stage_prompts(tok, corpus, stage), stage["train_config"]["new_tokens"]) for stage in stages]
-    data, feats = each_once([distilled(base, fingerprint, ps, n, head.config.kv_layer) for ps, n in parts])
+    parts = [part for stage in stages for part in stage_parts(tok, corpus, stage["train_config"])]
+    data, feats = each_once(distil_parts(base, fingerprint, parts, head.config.kv_layer))
     hidden = [(f[0],) for f in feats]  # the read layer's keys and values are the head's, not the drafter's
-    prompts = [p for ps, _ in parts for p in ps]
+    prompts = [p for ps, *_ in parts for p in ps]
     return data, hidden, prompts, (base.lm_head.weight[head.d2t].detach().clone(), head.d2t.clone())
 
 

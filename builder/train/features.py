@@ -1,7 +1,7 @@
 """tau on everyday text, feature by feature: each feature decoded by its production model (the frozen base
 plus the feature's adapter, models/adapters/TASK; continue: the base alone), drafted by the MTP head alone
 and by the independent drafter (no prompt lookup), on the feature's held-out set (the eval split that no
-adapter and no head saw: train/adapter.held_out; continue goes on with the held-out reply set's messages).
+adapter and no head saw: everyday.held_out; continue goes on with the held-out reply set's messages).
 PyTorch on the CPU; every output is checked against the production model's plain greedy decoding.
 
     python -m builder.train.features [--prompts 20] [--tokens 32] --out docs/bench/features.json
@@ -14,12 +14,12 @@ import logging
 import time
 from pathlib import Path
 
+from ..data.everyday import held_out_texts
 from ..data.tasks import load_tokenizer
 from ..decode.drafter import load_drafter, torch_drafter
 from ..models.adapter import load_adapter
 from ..models.head import base_fingerprint, load_head
 from ..models.llama import load_llama
-from .adapter import held_out
 from .distill import measure_acceptance
 
 TASKS = ("proofread", "summarize", "reply", "continue")
@@ -27,7 +27,7 @@ TASKS = ("proofread", "summarize", "reply", "continue")
 
 def feature_prompts(task: str, n: int) -> list[dict]:
     """The feature's held-out texts as prompts (continue: the held-out messages, gone on with)."""
-    return [{"task": task, "prompt": text} for text, _ in held_out("reply" if task == "continue" else task, n)]
+    return [{"task": task, "prompt": text} for text in held_out_texts(task, n)]
 
 
 def features_tau(base_dir: Path, head_dir: Path, drafter_dir: Path | None, adapters: Path, n: int, tokens: int,

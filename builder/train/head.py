@@ -33,10 +33,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..contract import sha256_file
 from ..data.corpus import HEAD_SOURCES, Corpus, load_corpus, load_text_corpus, prompts_digest, validation_prompts
+from ..data.everyday import feature_texts
 from ..data.messages import held_back
-from ..data.tasks import TASKS, load_tokenizer
-from ..errors import CheckpointError
+from ..data.tasks import TASKS, encode_prompt, load_tokenizer
+from ..errors import CheckpointError, UserError
+from ..models.adapter import load_adapter, remove_adapter
 from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from ..models.llama import Llama, load_llama
 from .distill import (distilled, each_once, greedy_continuations, make_batches, measure_acceptance, messages_line,
@@ -75,6 +78,11 @@ class HeadTrainConfig:
                                   # distillation (build/distill/), instead of running it at every step: a big base
     replay: bool = False          # with init: train on every earlier stage's data too (each sequence once), not
                                   # this stage's prompts alone, so a stage on one task's data does not forget the rest
+    everyday: dict[str, int] | None = None  # this many of each feature's everyday training texts (data/everyday.py),
+                                  # decoded by the feature's production model: the base plus ADAPTERS/TASK (continue,
+                                  # or a feature without one: the base); instead of the corpus's prompts unless
+                                  # task_prompts or chat_messages are given too. Needs cache_features
+    adapters: str = "models/adapters"  # the features' adapters (with everyday)
 
 
 def chain_loss(head: MTPHead, base: Llama, seqs: torch.Tensor, valid: torch.Tensor, k: int,
@@ -230,16 +238,18 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
                                                        num_layers=cfg.layers or 1, draft_vocab=cfg.draft_vocab))
         init_random(head, cfg.seed)
     t0 = time.time()
-    parts = [(training_prompts(tok, corpus, cfg.prompts_per_task, cfg.seed, cfg.task_prompts, cfg.chat_messages),
-              cfg.new_tokens)]
+    parts = stage_parts(tok, corpus, asdict(cfg))
     if cfg.replay:  # the earlier stages' prompts first, as they were drawn
-        parts = [(stage_prompts(tok, corpus, st), st["train_config"]["new_tokens"]) for st in replayed_stages(cfg.init)] + parts
-    prompts = [p for ps, _ in parts for p in ps]
+        parts = [p for st in replayed_stages(cfg.init) for p in stage_parts(tok, corpus, st["train_config"])] + parts
+    if any(adapter for *_, adapter in parts) and not cfg.cache_features:
+        raise UserError("--everyday: a feature's production model (base + adapter) writes its data, and the head must "
+                        "learn its hidden states and cache, not the base's alone: add --cache-features")
+    prompts = [p for ps, *_ in parts for p in ps]
     feats, read = None, head.config.kv_layer if cfg.cache_features else None
-    got = [distil_together(base, ps, n, read) if world > 1 else distilled(base, before, ps, n, read) for ps, n in parts]
+    got = distil_parts(base, before, parts, read)
     if read is None:  # the data alone
         got = [(d, [None] * len(d)) for d in got]
-    data, feats = each_once(got) if cfg.replay else got[0]
+    data, feats = each_once(got) if len(got) > 1 else got[0]
     feats = feats if read is not None else None
     data_seconds = time.time() - t0
     if head.config.draft_vocab and not cfg.init:
@@ -277,6 +287,7 @@ def train_head(base: Llama, tok, corpus: Corpus, cfg: HeadTrainConfig, head_cfg:
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("eval_prompts", "checkpoint_every")}
     key = {"config": settings, "base": before,
            "data": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+           "adapters": [adapter_digest(adapter) for *_, adapter in parts if adapter],
            "init": hashlib.sha256((Path(cfg.init) / "model.safetensors").read_bytes()).hexdigest() if cfg.init else None}
     state = train(head, opt, step_loss, Schedule(cfg.lr, cfg.warmup), Run(run_dir if rank == 0 else None, key),
                   steps=cfg.steps, every_steps=cfg.checkpoint_every, every_minutes=0, stop_at=stop_at,
@@ -363,6 +374,10 @@ def stage_command(log: dict) -> str:
         parts.insert(0, f"--head {log['head']}")
     if t.get("task_prompts"):
         parts.append("--task-prompts " + ",".join(f"{k}={v}" for k, v in t["task_prompts"].items()))
+    if t.get("everyday"):
+        parts.append("--everyday " + ",".join(f"{k}={v}" for k, v in t["everyday"].items()))
+        if t.get("adapters") not in (None, "models/adapters"):
+            parts.append(f"--adapters {t['adapters']}")
     if log.get("data") not in (None, "built-in corpus"):
         parts.append(f"--data {log['data']}")
     return " ".join(["python -m builder train-head"] + parts)
@@ -391,6 +406,11 @@ def stage_text(log: dict) -> str:
                   " most")
     if t.get("chat_messages"):
         prompts += f", and {t['chat_messages']} `reply` prompts that are real short messages (data/messages.py)"
+    if t.get("everyday"):
+        everyday = (", ".join(f"{n} `{task}`" for task, n in t["everyday"].items())
+                    + f" everyday training texts (data/everyday.py; seed {t['seed'] + 2000}), each decoded by its feature's "
+                    f"production model (the base plus `{t.get('adapters')}/TASK` where it exists)")
+        prompts = f"{prompts}, and {everyday}" if t.get("task_prompts") or t.get("chat_messages") else everyday
     if t.get("replay"):
         prompts += ", and again every earlier stage's prompts (`--replay`)"
     return f"""{prompts}; the base wrote its own greedy continuation of each
@@ -400,10 +420,58 @@ predict {target} at each of the {t['k']} draft positions of every anchor, its ow
 2-core CPU; final training loss {log['final_loss']:.3f}. `{stage_command(log)}`"""
 
 
-def stage_prompts(tok, corpus: Corpus, stage: dict) -> list[list[int]]:
-    """The prompts one training stage drew (its own, not those it replayed), from its log."""
-    t = stage["train_config"]
-    return training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"), t.get("chat_messages", 0))
+FEATURES = ("continue", "proofread", "summarize", "reply")
+
+
+def everyday_prompts(tok, task: str, n: int, seed: int) -> list[list[int]]:
+    """n of the feature's everyday training texts (the adapters' training split) as its prompts; continue goes on
+    with the reply set's messages."""
+    if task not in FEATURES or task not in tok.tasks:
+        raise UserError(f"--everyday {task}: the features are {', '.join(t for t in FEATURES if t in tok.tasks)}")
+    return [encode_prompt(tok, task, text) for text in feature_texts(task, "train", n, seed)]
+
+
+def stage_parts(tok, corpus: Corpus, t: dict) -> list[tuple[list[list[int]], int, str | None]]:
+    """What one training stage drew (its own data, not what it replayed), from its settings (HeadTrainConfig as a
+    dict, or its log's train_config): (prompts, new tokens, the adapter of the production model that decodes them
+    or None for the base) parts."""
+    everyday = t.get("everyday") or {}
+    parts = []
+    if not everyday or t.get("task_prompts") or t.get("chat_messages"):
+        parts.append((training_prompts(tok, corpus, t["prompts_per_task"], t["seed"], t.get("task_prompts"),
+                                       t.get("chat_messages", 0)), t["new_tokens"], None))
+    root = Path(t.get("adapters") or "models/adapters")
+    if everyday and not root.is_dir():
+        raise UserError(f"--adapters {root}: no such folder (the features' adapters, models/adapters/TASK)")
+    for task, n in everyday.items():
+        adapter = root / task
+        parts.append((everyday_prompts(tok, task, n, t["seed"] + 2000), t["new_tokens"],
+                      str(adapter) if (adapter / "adapter_config.json").is_file() else None))
+    return parts
+
+
+def adapter_digest(directory: str) -> str:
+    return sha256_file(Path(directory) / "adapter_model.safetensors")[:16]
+
+
+def distil_parts(base: Llama, fingerprint: str, parts: list, kv_layer: int | None) -> list:
+    """Each part's greedy continuations (and with kv_layer its features) by its production model: the base with
+    the part's adapter attached for it (kept in build/distill/ under the base's and the adapter's digests)."""
+    _, world = processes()
+    got = []
+    for prompts, n, adapter in parts:
+        key = fingerprint
+        if adapter:
+            device = base.model.embed_tokens.weight.device
+            load_adapter(base, adapter, fingerprint)
+            base.to(device)
+            key = f"{fingerprint}+{adapter_digest(adapter)}"
+        try:
+            got.append(distil_together(base, prompts, n, kv_layer) if world > 1 else distilled(base, key, prompts, n, kv_layer))
+        finally:
+            if adapter:
+                remove_adapter(base)
+    return got
 
 
 def replayed_stages(init: str | None) -> list[dict]:
