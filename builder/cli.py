@@ -199,7 +199,11 @@ def build_parser() -> Parser:
     r.add_argument("--peers", help="comma-separated, from " + ", ".join(PEERS) + ", or none: the same model in other "
                                    "runtimes, plain decoding (default: all of them for a base imported from a GGUF, "
                                    "whose file they run; else none)")
-    r.add_argument("--prompts", type=positive_int, help="validation prompts per task (every runtime)")
+    r.add_argument("--text", choices=["everyday", "corpus"], help="the prompts: each feature's held-out everyday texts "
+                   "(default for a chat base) or the corpus's validation prompts (default otherwise)")
+    r.add_argument("--adapters", help="the features' adapter directories, comma-separated, or 'none': each feature "
+                   "decoded by its production model (default: those in models/adapters trained on this base)")
+    r.add_argument("--prompts", type=positive_int, help="prompts per task (every runtime)")
     r.add_argument("--new-tokens", type=positive_int, help="new tokens per prompt (every runtime)")
     r.add_argument("--ks", help="comma-separated k of the speculative modes (every runtime)")
     r.add_argument("--repeats", type=positive_int, help="measured rounds (every runtime)")
@@ -340,21 +344,25 @@ def cmd_generate(args) -> None:
             sys.stderr.write(f"[{STOP_NOTES[out.stopped].format(context=backend.context)}]\n")
 
 
+def chosen_adapters(args) -> tuple[Path, ...]:
+    """--adapters DIR,DIR or none; default: those in models/adapters trained on this base."""
+    from .models.adapter import adapters_for
+
+    if args.adapters is None:
+        return adapters_for(Path(args.base), Path("models/adapters"))
+    return () if args.adapters == "none" else tuple(Path(d) for d in args.adapters.split(",") if d)
+
+
 def cmd_build(args) -> None:
     from .decode.drafter import drafter_for
     from .export.manifest import Checkpoints
-    from .models.adapter import adapters_for
     from .site.build import build
 
     if args.drafter is None:
         drafter = drafter_for(Path(args.base), Path("models/drafter"))
     else:
         drafter = None if args.drafter == "none" else Path(args.drafter)
-    if args.adapters is None:
-        adapters = adapters_for(Path(args.base), Path("models/adapters"))
-    else:
-        adapters = () if args.adapters == "none" else tuple(Path(d) for d in args.adapters.split(",") if d)
-    ckpts = Checkpoints(Path(args.base), Path(args.head), drafter, adapters)
+    ckpts = Checkpoints(Path(args.base), Path(args.head), drafter, chosen_adapters(args))
     from .models.gguf import SOURCE
 
     precision = args.precision or ("fp32" if (Path(args.base) / SOURCE).is_file() else "both")
@@ -452,11 +460,11 @@ def cmd_bench(args) -> None:
         raise PromptError(f"unknown peer {unknown[0]}: choose from {', '.join(PEERS)}, or none")
     if peers and not gguf_base:
         raise PromptError(f"--peers: the peers run the GGUF file a base was imported from; {args.base} has no {SOURCE}")
-    cfg = BenchConfig(runtimes=runtimes, peers=peers)
+    cfg = BenchConfig(runtimes=runtimes, peers=peers, text=args.text)
     override = {name: v for name, v in (("prompts", args.prompts), ("new_tokens", args.new_tokens), ("ks", ks),
                                         ("repeats", args.repeats)) if v is not None}
     cfg.plans = {rt: replace(plan, **override) for rt, plan in cfg.plans.items()}
-    ckpts = Checkpoints(Path(args.base), Path(args.head), Path(args.drafter))
+    ckpts = Checkpoints(Path(args.base), Path(args.head), Path(args.drafter), chosen_adapters(args))
     data = bench(cfg, ckpts, Path(args.onnx_dir), Path(args.site_dir))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=2) + "\n")

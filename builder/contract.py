@@ -57,6 +57,9 @@ RUNTIMES = ("torch", "onnx-cpu", "browser-wasm", "browser-wasm-1thread", "browse
 # 4): the same model in the runtimes a user would pick instead (bench/run.py)
 PEERS = {"wllama": {"wllama-wasm": "max", "wllama-wasm-1thread": 1},
          "transformersjs": {"transformersjs-wasm": "max", "transformersjs-wasm-1thread": 1},
+         # the 8-bit and 4-bit weights transformers.js users load on WASM (onnxruntime's quantizers, bench/hf_onnx.py)
+         "transformersjs-q8": {"transformersjs-q8-wasm": "max", "transformersjs-q8-wasm-1thread": 1},
+         "transformersjs-q4": {"transformersjs-q4-wasm": "max", "transformersjs-q4-wasm-1thread": 1},
          "llamacpp": {"llamacpp-native": "max", "llamacpp-native-1thread": 1}}
 
 # --- the manifest -------------------------------------------------------------------------------------

@@ -325,3 +325,49 @@ def test_adapters_of_another_base_or_rank_are_refused_by_the_export(tiny, adapte
     save_adapter(other, tmp_path / "wrong", 2, 8, {"task": "summarize", "base_fingerprint": "0" * 64})
     with pytest.raises(CheckpointError, match="trained for another base"):
         export(Checkpoints(tiny.base, None, None, (tmp_path / "wrong",)), tmp_path / "y", ("fp32",))
+
+
+def test_the_bench_decodes_each_feature_by_its_production_model(adapted_export, tmp_path):
+    """bench on everyday text: each feature's held-out texts, in torch and in onnxruntime, decoded by the base
+    plus the feature's adapter (a feature without one, and continue: the base alone) to that model's greedy
+    output, not the base's; the JSON names the text and the adapters and gives their bytes, and with no
+    drafter the bench measures plain decoding and MTP."""
+    from builder.bench.measure import Plan, adapter_params
+    from builder.bench.run import BenchConfig, bench, bench_texts
+    from builder.bench.runners import python_runner
+    from builder.data.tasks import encode_prompt, load_tokenizer
+    from builder.decode.loop import compare_to_reference
+    from builder.decode.torch_backend import decode_ar
+    from builder.models.adapter import production_models
+
+    ckpts, out = adapted_export
+    tok = load_tokenizer(ckpts.base)
+    models = production_models(ckpts.base, ckpts.adapters)
+    assert set(models) == {None, "proofread", "reply"}
+    eos = models[None].config.eos_token_id
+    texts = bench_texts("everyday", ("proofread", "summarize"), 2)  # summarize: no adapter here (this base has no reply)
+    changed = 0
+    for runtime in ("torch", "onnx-cpu"):
+        run, _ = python_runner(runtime, ckpts, out, models)
+        for task, items in texts.items():
+            for text in items:
+                ids = encode_prompt(tok, task, text)
+                with torch.no_grad():
+                    want, plain = decode_ar(models.get(task, models[None]), ids, 10, eos), decode_ar(models[None], ids, 10, eos)
+                for mode, k in (("ar", 0), ("mtp", 3)):
+                    got = run(ids, text, task, mode, k, 10)[0].ids
+                    assert compare_to_reference(want, got)[0] != "mismatch", (runtime, task, mode, text)
+                changed += (task in models) * (want.ids != plain.ids)
+    assert changed, "the proofread adapter changed no answer: the test would pass on the base alone"
+
+    plan = Plan(2, 8, (2,), 1)
+    data = bench(BenchConfig(runtimes=("torch", "onnx-cpu"), plans={"torch": plan, "onnx-cpu": plan, "peers": plan},
+                             text="everyday"), ckpts, out, tmp_path / "site")
+    assert data["text"] == "everyday" and set(data["adapters"]) == {"proofread", "reply"}
+    rows = data["results"]
+    assert {r["mode"] for r in rows} == {"ar", "mtp"} and all(r["mismatches"] == 0 for r in rows), rows
+    assert {r["task"] for r in rows} == set(tok.tasks)
+    for d in ckpts.adapters:
+        assert data["memory"]["adapter_bytes"][d.name] == {"download": (d / "adapter_model.safetensors").stat().st_size,
+                                                           "fp32": 4 * adapter_params(d)}
+        assert adapter_params(d) == sum(p.numel() for n, p in models[d.name].named_parameters() if ".lora_" in n)

@@ -20,8 +20,7 @@ from builder.data.tasks import encode_chat, encode_prompt, load_tokenizer
 from builder.decode.loop import compare_to_reference
 from builder.decode.torch_backend import decode_ar
 from builder.export.manifest import Checkpoints, ensure_export
-from builder.models.adapter import add_adapter, load_adapter, projections, remove_adapter, save_adapter
-from builder.models.llama import load_llama
+from builder.models.adapter import add_adapter, production_models, projections, remove_adapter, save_adapter
 from tests.conftest import ROOT, Page
 
 SMOL = ROOT / "models" / "base"
@@ -103,24 +102,15 @@ def smol_url(tmp_path_factory):
         yield address
 
 
-def production_models(ckpts: Checkpoints) -> dict:
-    """task -> the torch production model the page must equal: the base plus the task's adapter (None: the
-    base alone, for the chat and a task without one)."""
-    models = {None: load_llama(ckpts.base).eval()}
-    for d in ckpts.adapters:
-        model = load_llama(ckpts.base).eval()
-        models[load_adapter(model, d)["task"]] = model
-    return models
-
-
 @pytest.fixture(scope="module")
 def tiny_models(chat_tiny):
-    return production_models(chat_tiny)
+    """task -> the torch production model the page must equal (None: the base alone, for the chat)."""
+    return production_models(chat_tiny.base, chat_tiny.adapters)
 
 
 @pytest.fixture(scope="module")
 def smol_models():
-    return production_models(SMOL_CKPTS)
+    return production_models(SMOL_CKPTS.base, SMOL_CKPTS.adapters)
 
 
 class ApiPage:

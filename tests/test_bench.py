@@ -63,7 +63,7 @@ def test_bench_writes_the_contract_json_and_a_report(tmp_path):
 def test_the_modelled_gpu_speedup_is_tau_times_the_dispatch_ratio():
     """browser-webgpu's counted dispatches become tau x dispatches(plain step) / dispatches(MTP step), with
     tau from the runtime that measured the most prompts x tokens; the report shows them."""
-    from builder.bench.run import modelled_speedups
+    from builder.bench.runners import modelled_speedups
     from builder.bench.report import dispatch_table
 
     dispatches = {"proofread": {"plain": {"k": 0, "steps": 8, "runs_per_step": 1, "dispatches_per_step": 2000},
@@ -81,7 +81,7 @@ def test_peers_run_in_our_rounds_interleaved_and_each_round_compares_like_with_l
     even rounds and last in odd ones; their rows are plain rows checked against the reference (a peer going
     on past the end token is cut there), and the report gives each round's MTP / peer ratio."""
     from builder.bench.report import peers_table
-    from builder.bench.run import Plan, measure
+    from builder.bench.measure import Plan, measure
     from builder.decode.loop import Decoded
 
     ref = Decoded(ids=[5, 6, 7, 2], margins=[9.0] * 4)
@@ -124,7 +124,7 @@ def test_the_profile_predicts_from_the_base_runs_each_mode_made_at_their_lengths
     runs, a length the profile lacks interpolated between two it has, each run at the task's own one-token time plus
     the profile's extra for its further tokens; an older row without the counts falls back to tau x t1 / (verify + head)."""
     from builder.bench.report import base_ms, own_t1, predicted_speedups
-    from builder.bench.run import Plan, measure
+    from builder.bench.measure import Plan, measure
     from builder.decode.loop import Decoded
 
     ref = Decoded(ids=[5, 6, 7, 8, 9, 2], margins=[9.0] * 6)

@@ -38,7 +38,7 @@ def test_bench_measures_a_peer_as_it_measures_plain_decoding():
     and after the first token, checked against the same reference as our runtimes; the report sets our MTP
     against the fastest peer of the same place."""
     from builder.bench.report import peers_table
-    from builder.bench.run import Plan, measure_peer
+    from builder.bench.measure import Plan, measure_peer
     from builder.data.tasks import encode_prompt, load_tokenizer
     from builder.decode.torch_backend import decode_ar
     from builder.models.llama import load_llama
@@ -62,4 +62,4 @@ def test_bench_measures_a_peer_as_it_measures_plain_decoding():
             for mode, k, x in (("ar", 0, 0.5), ("mtp", 4, 1.6))]
     table = peers_table({"peers": peers, "results": ours, "peer_config": {"prompts": 1, "new_tokens": 6, "repeats": 2}})
     assert table.count("| llamacpp-native-1thread | 1 |") == 2
-    assert "| onnx-cpu | proofread |" in table and "1.60x (1.5x, met)" in table and "1.60x (1.2x, met)" in table
+    assert "| onnx-cpu | proofread |" in table and table.count("1.60x (1.5x, met)") == 2  # every feature's goal: 1.5x

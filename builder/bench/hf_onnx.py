@@ -8,6 +8,8 @@ Hugging Face hub's ONNX repositories are (optimum's export):
                      tokenizer.json, tokenizer_config.json
                      onnx/model.onnx          the graph (fp32: dtype "fp32" loads onnx/model.onnx)
                      onnx/model.onnx_data     its weights, as ONNX external data
+                     onnx/model_quantized.onnx  8-bit weights (dtype "q8", transformers.js's default on WASM)
+                     onnx/model_q4.onnx       4-bit weights (dtype "q4")
 
 The graph has optimum's I/O for a Llama decoder with KV cache: inputs input_ids (batch, T) int64,
 attention_mask (batch, S + T) int64, position_ids (batch, T) int64, past_key_values.{i}.key / .value
@@ -27,8 +29,14 @@ project's own rewrites (fused RMSNorm and rotary operators, fp16 storage) are no
 this is a plain export, as a transformers.js user would get one; onnxruntime optimizes it when it loads.
 
 Weights go to one external data file (model.onnx_data, named in config.json's transformers.js_config as
-transformers.js expects): it is not gzipped when served, and the graph file stays small. The export is
-cached under build/hf-onnx/, keyed by the base's fingerprint and this module's FORMAT.
+transformers.js expects): it is not gzipped when served, and the graph file stays small. The quantized
+graphs are made from it with onnxruntime's own quantizers, as transformers.js's conversion script makes
+the q8 and q4 files its users load (`quantized`, on the weights with their Transposes folded): q8, dynamic
+int8 quantization of every MatMul's weights (MatMulInteger, activations quantized per call); q4, MatMulNBits
+with blocks of 32 weights, symmetric.
+Their weights are inline (each file well under protobuf's 2 GB). Their outputs are not the fp32 model's:
+the bench counts their mismatches, and compares speed only. The export is cached under build/hf-onnx/,
+keyed by the base's fingerprint and this module's FORMAT.
 """
 from __future__ import annotations
 
@@ -53,7 +61,8 @@ from ..models.llama import Llama, LlamaConfig, load_config, load_llama, rope_cos
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "hf-onnx"
 MODEL_ID = "smollm2"
-FORMAT = 2  # bump when the export changes: a new cache key (2: num_logits_to_keep)
+FORMAT = 4  # bump when the export changes: a new cache key (2: num_logits_to_keep; 4: q8 and q4 graphs)
+QUANTIZED = {"q8": "model_quantized.onnx", "q4": "model_q4.onnx"}  # transformers.js's file for each dtype
 COPIED = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -135,7 +144,49 @@ def logits_to_keep(model: onnx.ModelProto) -> onnx.ModelProto:
 def hf_config(model_dir: Path) -> dict:
     """config.json for transformers.js: the checkpoint's, normalized by LlamaConfig, and where the weights are."""
     cfg = LlamaConfig.from_hf(load_config(model_dir))
-    return {**cfg.to_hf(), "transformers.js_config": {"dtype": "fp32", "use_external_data_format": True}}
+    return {**cfg.to_hf(), "transformers.js_config": {"dtype": "fp32", "use_external_data_format": {"model.onnx": True}}}
+
+
+def folded_transposes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """model with every Transpose of a weight replaced by the transposed weight. The exporter feeds each
+    projection's weight to its MatMul through a Transpose, and onnxruntime's quantizers quantize a MatMul only
+    where its second input is a weight (the tied LM head gets a transposed copy of the embedding)."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    weights = {w.name: w for w in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        if node.op_type == "Transpose" and node.input[0] in weights:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            value = numpy_helper.to_array(weights[node.input[0]]).transpose(perm)
+            graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), node.output[0]))
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    kept = [w for w in graph.initializer if w.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return model
+
+
+def quantized(fp32: Path, dtype: str, out: Path) -> None:
+    """The graph in fp32 (with its external data) quantized to dtype "q8" or "q4" into out (module doc)."""
+    model = folded_transposes(onnx.load(str(fp32)))
+    if dtype == "q8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(model, str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    elif dtype == "q4":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=True)
+        quantizer.process()
+        onnx.save_model(quantizer.model.model, str(out))
+    else:
+        raise ValueError(f"dtype {dtype!r}: q8 or q4")
 
 
 def cache_key(model_dir: Path) -> str:
@@ -165,6 +216,9 @@ def export_hf_onnx(model_dir: Path = ROOT / "models" / "base", cache: Path = CAC
     graph = export_graph(load_llama(model_dir))
     onnx.save_model(graph, tmp / model_id / "onnx" / "model.onnx", save_as_external_data=True,
                     all_tensors_to_one_file=True, location="model.onnx_data", size_threshold=INLINE_BYTES)
+    del graph
+    for dtype, name in QUANTIZED.items():
+        quantized(tmp / model_id / "onnx" / "model.onnx", dtype, tmp / model_id / "onnx" / name)
     config = load_config(model_dir)
     (tmp / model_id / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id"),

@@ -88,8 +88,9 @@ def serving(root: Path) -> Iterator[str]:
 
 @contextmanager
 def peer_page(browser, url: str, name: str, threads: Threads, timeout_ms: float = 600_000,
-              on_page=None) -> Iterator[tuple[Callable[[list[int], int], PeerResult], dict]]:
-    """A peer page's window.peer in a fresh context, loaded with `threads`: yields (generate, info), where
+              on_page=None, options: dict | None = None) -> Iterator[tuple[Callable[[list[int], int], PeerResult], dict]]:
+    """A peer page's window.peer in a fresh context, loaded with `threads` (and `options`, more of load()'s
+    settings): yields (generate, info), where
     generate(prompt_ids, n) decodes n greedy tokens after the ids. on_page(page, errors) may watch it; an
     error in the page fails the next call. The page stays open (its model loaded) until the block ends."""
     context = browser.new_context()
@@ -102,7 +103,7 @@ def peer_page(browser, url: str, name: str, threads: Threads, timeout_ms: float 
             on_page(page, errors)
         page.goto(url)
         page.wait_for_function("window.peer !== undefined")
-        info = page.evaluate("(t) => window.peer.load({ n_threads: t })", threads)
+        info = page.evaluate("(o) => window.peer.load(o)", {"n_threads": threads, **(options or {})})
 
         def generate(prompt_ids: list[int], n: int) -> PeerResult:
             r = page.evaluate("([p, n]) => window.peer.generate(p, n)", [prompt_ids, n])

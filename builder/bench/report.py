@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..contract import MODE_LABELS
+from ..contract import MODE_LABELS, PEERS
 
 
 def best(results: list[dict], runtime: str, task: str, mode: str) -> dict | None:
@@ -95,7 +95,7 @@ def full_table(data: dict) -> str:
 
 
 # issue [smol]'s goals: the page's MTP over the fastest peer's plain decoding in the same browser
-PEER_GOALS = {"proofread": 1.5, "continue": 1.2, "summarize": 1.2, "reply": 1.2}
+PEER_GOALS = {"proofread": 1.5, "continue": 1.5, "summarize": 1.5, "reply": 1.5}  # issue 57: on everyday text
 
 
 def peers_table(data: dict) -> str:
@@ -110,8 +110,9 @@ def peers_table(data: dict) -> str:
     for r in peers:
         lines.append(f"| {r['runtime']} | {r['threads']} | {r['task']} | {spread(r)} | {r['decode_tokens_per_s']:.1f} "
                      f"| {r['prefill_share']:.0%} | {r['mean_new_tokens']} | {r['mismatches']} |")
-    ours = {"browser-wasm": ("wllama-wasm", "transformersjs-wasm"),
-            "browser-wasm-1thread": ("wllama-wasm-1thread", "transformersjs-wasm-1thread"),
+    browser = [(rt, n) for name, runtimes in PEERS.items() if name != "llamacpp" for rt, n in runtimes.items()]
+    ours = {"browser-wasm": tuple(rt for rt, n in browser if n == "max"),
+            "browser-wasm-1thread": tuple(rt for rt, n in browser if n == 1),
             "onnx-cpu": ("llamacpp-native-1thread",)}
     cmp = ["| ours | task | our MTP tokens/s (k) | our plain | fastest peer, plain | MTP / peer (goal) | MTP / peer, each round "
            "| MTP / our plain |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -148,20 +149,22 @@ def peers_table(data: dict) -> str:
 
 def memory_table(mem: dict) -> str:
     ctx = mem["context_length"]
-    rows = [("weights in memory (fp32)", mem["base_weights_bytes"], mem["mtp_weights_bytes"], mem["drafter_weights_bytes"]),
+    rows = [("weights in memory (fp32)", mem["base_weights_bytes"], mem["mtp_weights_bytes"], mem.get("drafter_weights_bytes", 0)),
             *([("weights in memory, WebGPU (base q4)", mem["base_q4_weights_bytes"], mem["mtp_weights_bytes"],
-                mem["drafter_weights_bytes"])] if "base_q4_weights_bytes" in mem else []),
+                mem.get("drafter_weights_bytes", 0))] if "base_q4_weights_bytes" in mem else []),
             *([("weights files downloaded", mem["base_download_bytes"], mem["mtp_download_bytes"],
-                mem["drafter_download_bytes"])] if "base_download_bytes" in mem else []),
-            ("KV cache per token", mem["kv_bytes_per_token_base"], 0, mem["kv_bytes_per_token_drafter"]),
+                mem.get("drafter_download_bytes", 0))] if "base_download_bytes" in mem else []),
+            ("KV cache per token", mem["kv_bytes_per_token_base"], 0, mem.get("kv_bytes_per_token_drafter", 0)),
             (f"KV cache, full context ({ctx} tokens)", mem["kv_bytes_per_token_base"] * ctx, 0,
-             mem["kv_bytes_per_token_drafter"] * ctx),
+             mem.get("kv_bytes_per_token_drafter", 0) * ctx),
             ("other state while drafting", 0, mem["mtp_extra_state_bytes"], 0)]
     lines = ["| bytes | base | MTP head (adds) | independent drafter (adds) |", "| --- | --- | --- | --- |"]
     lines += [f"| {name} | {b:,} | {h:,} | {d:,} |" for name, b, h, d in rows]
     added_mtp = mem["mtp_weights_bytes"] + mem["mtp_extra_state_bytes"]
-    added_dr = mem["drafter_weights_bytes"] + mem["kv_bytes_per_token_drafter"] * ctx
+    added_dr = mem.get("drafter_weights_bytes", 0) + mem.get("kv_bytes_per_token_drafter", 0) * ctx
     lines.append(f"| **added to the base, full context** | | **{added_mtp:,}** | **{added_dr:,}** |")
+    for task, b in (mem.get("adapter_bytes") or {}).items():  # a feature's adapter: inputs of the same base graph
+        lines.append(f"| the {task} adapter (file fp16 / held fp32) | {b['download']:,} / {b['fp32']:,} | | |")
     return "\n".join(lines)
 
 
@@ -345,6 +348,10 @@ def write_report(data: dict, json_path: Path) -> Path:
     threads = "".join(f" {rt} ran onnxruntime-web's WASM on {n} thread{'s' if n > 1 else ''}."
                       for rt, n in data.get("wasm_threads", {}).items() if n and rt != "browser-webgpu")
     gpu = dispatch_table(data.get("webgpu_dispatches") or {})
+    text = {"everyday": " The prompts: each feature's held-out everyday texts (data/everyday.py), each decoded by its "
+                        "production model" + (" (the base plus " + ", ".join(f"the {t} adapter" for t in data["adapters"])
+                                              + "; the peers decode the base alone)" if data.get("adapters") else "") + ".",
+            "corpus": " The prompts: the corpus's validation prompts."}.get(data.get("text"), "")
     lookup = (" The speculative modes drafted with prompt lookup first (where the text's last three tokens occurred "
               "before), their own source elsewhere." if data.get("lookup") else "")
     v = data.get("first_visit")
@@ -358,7 +365,7 @@ def write_report(data: dict, json_path: Path) -> Path:
 
 Machine: {m['cpu']}, {m['cores']} cores, {m['system']}; {m['date']}. No GPU: browser-webgpu is
 SwiftShader, a CPU emulation of a GPU (it proves the WebGPU path, not GPU speed).
-Plan: {cfg}. tokens/s is the median round (min-max over rounds).{threads}{lookup}
+Plan: {cfg}. tokens/s is the median round (min-max over rounds).{text}{threads}{lookup}
 
 ## Summary (each speculative mode at its best k)
 

@@ -3,8 +3,9 @@
 transformers.js (4.3.1, bench/transformersjs/package.json: bench-only, never in the site) runs a local
 ONNX export of the project's base (hf_onnx.py: fp32, exported from models/llama.py, so its greedy tokens
 should equal the PyTorch reference's up to float rounding) on onnxruntime-web's WASM backend with the
-same threads as our page (1, or the page's max). Unlike wllama (llama.cpp on the quantized GGUF) it
-computes the same fp32 values as our fp32 page: a peer for the runtime, not for the weights' format.
+same threads as our page (1, or the page's max). In fp32 it computes the same values as our fp32 page: a
+peer for the runtime. Its users on WASM load 8-bit weights by default, or 4-bit ones (dtype "q8", "q4":
+the peers transformersjs-q8 and transformersjs-q4, hf_onnx's quantized graphs): the peer at its fastest.
 
 Timed in the page as peers.py's wllama: prefill_ms is the call until the first new token, decode_ms from
 there to the last, tokens_per_s = (new tokens - 1) / decode seconds; the same PeerResult, "timings" None.
@@ -69,26 +70,31 @@ def serve_transformersjs(model_root: Path | None = None) -> Iterator[str]:
             yield url + "transformersjs.html"
 
 
+DTYPES = {"transformersjs": "fp32", "transformersjs-q8": "q8", "transformersjs-q4": "q4"}  # contract.PEERS' names
+
+
 @contextmanager
-def transformersjs_page(browser, threads: Threads = 1, model_root: Path | None = None, timeout_ms: float = 600_000):
-    """transformers.js loaded in a fresh page of `browser` (a Playwright Browser) with the export and `threads`
-    WASM threads: peers.peer_page's (generate, info). A request off 127.0.0.1 (a hub, a CDN) fails it."""
+def transformersjs_page(browser, threads: Threads = 1, model_root: Path | None = None, timeout_ms: float = 600_000,
+                        dtype: str = "fp32"):
+    """transformers.js loaded in a fresh page of `browser` (a Playwright Browser) with the export's dtype weights
+    and `threads` WASM threads: peers.peer_page's (generate, info). A request off 127.0.0.1 (a hub, a CDN) fails it."""
     def offsite(page, errors):  # nothing from a hub or a CDN: every http(s) request stays on the server
         page.on("request", lambda r: r.url.startswith("http") and not r.url.startswith(origin)
                 and errors.append(f"a request off 127.0.0.1: {r.url}"))
 
     with serve_transformersjs(model_root) as url:
         origin = url.rsplit("/", 1)[0] + "/"
-        with peer_page(browser, url, "transformers.js", threads, timeout_ms, offsite) as (generate, info):
+        with peer_page(browser, url, "transformers.js", threads, timeout_ms, offsite, {"dtype": dtype}) as (generate, info):
             yield generate, {**info, "package_version": transformersjs_version()}
 
 
 def run_transformersjs(browser, prompts: list[list[int]], n_predict: int, threads: Threads = 1,
-                       model_root: Path | None = None, warmup: bool = True, timeout_ms: float = 600_000) -> dict:
+                       model_root: Path | None = None, warmup: bool = True, timeout_ms: float = 600_000,
+                       dtype: str = "fp32") -> dict:
     """transformersjs_page's generate: up to n_predict greedy tokens after each prompt (lists of token ids,
     as given: no BOS added; the end token stops it), one prompt after another. A warm-up run of the first
     prompt (4 tokens) goes first unless warmup is False. Returns {"transformersjs_info": {...}, "results": [PeerResult]}."""
-    with transformersjs_page(browser, threads, model_root, timeout_ms) as (generate, info):
+    with transformersjs_page(browser, threads, model_root, timeout_ms, dtype) as (generate, info):
         return {"transformersjs_info": info, "results": decode_all(generate, prompts, n_predict, warmup)}
 
 

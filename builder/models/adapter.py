@@ -141,3 +141,14 @@ def adapters_for(base_dir: Path, root: Path) -> tuple[Path, ...]:
         return ()
     fingerprint = base_fingerprint(load_llama(base_dir))
     return tuple(d for d in found if read_adapter_config(d).get("base_fingerprint") == fingerprint)
+
+
+def production_models(base_dir: Path, adapters: tuple[Path, ...] = ()) -> dict[str | None, Llama]:
+    """task -> its feature's production model, the frozen base plus the task's adapter (in eval mode); None ->
+    the base alone (the chat, `continue`, and a task without an adapter)."""
+    models = {None: load_llama(base_dir).eval()}
+    fingerprint = base_fingerprint(models[None]) if adapters else None
+    for d in adapters:
+        model = load_llama(base_dir).eval()
+        models[load_adapter(model, d, fingerprint)["task"]] = model
+    return models

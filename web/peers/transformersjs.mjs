@@ -1,11 +1,12 @@
 // The benchmark's transformers.js peer: @huggingface/transformers running a local ONNX export of SmolLM2
-// (builder/bench/hf_onnx.py: fp32, the same values as the PyTorch reference) on onnxruntime-web's WASM
+// (builder/bench/hf_onnx.py: fp32, the same values as the PyTorch reference, and its 8-bit and 4-bit
+// quantizations, dtype q8 and q4, as transformers.js users load on WASM) on onnxruntime-web's WASM
 // backend, greedy, fed token ids, timed in the page as the page times itself.
 // builder/bench/transformersjs.py serves this file next to ./transformers/ (the package's self-contained
 // browser build and the onnxruntime-web WebAssembly binary it was built with) and ./models/smollm2/;
 // nothing is fetched from any other origin (no hub, no CDN).
 //
-//   await peer.load({ n_threads: 1 | 'max' })  -> { version, onnxruntime, threads, crossOriginIsolated, ... }
+//   await peer.load({ n_threads: 1 | 'max', dtype: 'fp32' | 'q8' | 'q4' })  -> { version, onnxruntime, threads, crossOriginIsolated, ... }
 //   await peer.generate(promptIds, nPredict)   -> { ids, prompt_tokens, prefill_ms, decode_ms, tokens_per_s, ... }
 import { AutoModelForCausalLM, BaseStreamer, Tensor, env, ones } from './transformers/transformers.js';
 
@@ -38,7 +39,7 @@ class Clock extends BaseStreamer {
   end() {}
 }
 
-async function load({ n_threads = 'max' } = {}) {
+async function load({ n_threads = 'max', dtype = 'fp32' } = {}) {
   if (model) throw new Error('peer.load() once per page: onnxruntime-web starts its WASM threads once');
   const threads = n_threads === 'max' ? maxThreads() : n_threads;
   env.allowRemoteModels = false;
@@ -51,14 +52,14 @@ async function load({ n_threads = 'max' } = {}) {
   wasm.wasmPaths = { wasm: new URL('./transformers/ort-wasm-simd-threaded.asyncify.wasm', import.meta.url).href };
   wasm.numThreads = threads;
   wasm.proxy = false;
-  model = await AutoModelForCausalLM.from_pretrained(MODEL, { device: 'wasm', dtype: 'fp32' });
+  model = await AutoModelForCausalLM.from_pretrained(MODEL, { device: 'wasm', dtype });
   const info = {
-    version: env.version, onnxruntime: env.backends.onnx.versions?.web ?? null, device: 'wasm', dtype: 'fp32',
+    version: env.version, onnxruntime: env.backends.onnx.versions?.web ?? null, device: 'wasm', dtype,
     threads: wasm.numThreads, threads_requested: threads, crossOriginIsolated: globalThis.crossOriginIsolated,
     hardwareConcurrency: navigator.hardwareConcurrency, inputs: model.sessions.model.inputNames.length,
     eos: model.generation_config?.eos_token_id ?? model.config.eos_token_id,
   };
-  document.getElementById('status').textContent = `transformers.js ready: ${info.threads} thread(s)`;
+  document.getElementById('status').textContent = `transformers.js ready: ${dtype}, ${info.threads} thread(s)`;
   return info;
 }
 
