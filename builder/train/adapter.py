@@ -135,18 +135,20 @@ SCORES = {"proofread": proofread_score, "reply": reply_score, "summarize": summa
 
 FEW_SHOT_INSTRUCTION = ("Summarize these notifications in one short sentence. Keep the names, times and numbers "
                         "that matter, and add nothing that is not in them.\n")
-FEW_SHOT = [  # written for this prompt: a message stack, a notice, a stack that asks something
+FEW_SHOT = [  # written for this prompt: a message stack, a notice, a stack that asks something, two people talking
     ("Mia: are you still coming tonight?\nMia: bring chips if you can\nJon: I'll be there at 8",
      "Mia asks if you're still coming tonight and to bring chips, and Jon will be there at 8."),
     ("Your order #3391 from Paper Store has shipped. Estimated delivery: Friday.",
      "Your Paper Store order #3391 has shipped and should arrive on Friday."),
     ("Ana: the dentist moved my appointment\nAna: can you pick up Theo from school at 3?\nAna: thanks!!",
      "Ana asks you to pick up Theo from school at 3 because her dentist appointment moved."),
+    ("Sam: did you finish the book?\nLea: not yet, I'm on chapter 9\nSam: no spoilers then!",
+     "Lea has not finished the book and is on chapter 9, so Sam says no spoilers."),
 ]
 
 
 def few_shot_prompt(tok, stack: str) -> list[int]:
-    """The base asked for a summary of stack after three worked examples, each a turn of the chat."""
+    """The base asked for a summary of stack after the worked examples of FEW_SHOT, each a turn of the chat."""
     messages = []
     for example, summary in FEW_SHOT:
         messages += [{"role": "user", "content": FEW_SHOT_INSTRUCTION + example}, {"role": "assistant", "content": summary}]
