@@ -2,9 +2,8 @@
 
 It imports no torch and no onnx, and nothing of builder but errors.py; every other module may import it.
 What the page needs of it the export writes into the manifest (export/manifest.py), and the page reads
-it from there. Not yet so: the page's mode labels (web/src/app.mjs's LABELS, web/templates/index.html's
-labels) and block sizes (web/src/blocks.mjs's BLOCK_BYTES) are written out there too; the manifest
-carries MODE_LABELS and BLOCKS for them to read.
+it from there: the modes with their labels and roles, the defaults, the lookup span, the draft cut, the
+GGUF block table (web/src/blocks.mjs refuses one it does not read).
 """
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ from .errors import CheckpointError
 # mode -> its draft source: plain decoding (the reference), the MTP head, the independent drafter (the baseline)
 MODES = {"ar": None, "mtp": "head", "drafter": "drafter"}
 MODE_LABELS = {"ar": "plain", "mtp": "MTP", "drafter": "drafter"}  # how the report and the page name them
+MODE_ROLES = {"ar": "base alone", "mtp": "head drafts, base verifies", "drafter": "independent, the baseline"}  # the page's menu
 DEFAULT_MODE = "mtp"          # the CLI's and (by the manifest) the page's
 DEFAULT_K = 4                 # drafts per speculative step: the one default of the CLI and (by the manifest) the page
 DEFAULT_MAX_NEW_TOKENS = 32   # likewise

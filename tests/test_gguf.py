@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from builder.data.tasks import decode, encode_prompt, encode_text, load_tokenizer
+from builder.contract import BLOCKS
 from builder.errors import CheckpointError
 from builder.models import gguf
 
@@ -182,22 +183,23 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
     from builder.decode.torch_backend import TorchBackend, decode_ar
 
     onnx_dir, head = smol_export
-    files = json.loads((onnx_dir / "manifest.json").read_text())["files"]
+    manifest = json.loads((onnx_dir / "manifest.json").read_text())
+    files, table = manifest["files"], manifest["blocks"]
     packed = files["base.data"]["packed"]
     assert {"q4_1", "q8_0"} <= {s["kind"] for s in packed["segments"]}
     assert files[packed["file"]]["bytes"] < 0.2 * files["base.data"]["bytes"]  # 5 bits a weight (Q4_1), not 32
-    assert node_unpack(onnx_dir / packed["file"], packed, files["base.data"]["bytes"]) == files["base.data"]["sha256"]
+    assert node_unpack(onnx_dir / packed["file"], packed, files["base.data"]["bytes"], table) == files["base.data"]["sha256"]
     # the head graphs read nothing of the base's file: the draft vocabulary's rows of the embedding are the
     # head's, stored as those rows of the file's Q8_0 blocks
     graphs = json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["fp32"]["graphs"]
     assert all(not any(f.startswith("base.") for f in graphs[f"head_k{k}"]["weights"]) for k in range(1, 5))
     rows = files["head.data"]["packed"]
     assert [s["rows"] for s in rows["segments"] if s["kind"] == "q8_0"] == [4096]
-    assert node_unpack(onnx_dir / rows["file"], rows, files["head.data"]["bytes"]) == files["head.data"]["sha256"]
+    assert node_unpack(onnx_dir / rows["file"], rows, files["head.data"]["bytes"], table) == files["head.data"]["sha256"]
     # q4 (export/nbits.py): the base's graph on its Q4_1 weights in 4 bits, its file rebuilt from the same blocks
     q4 = files["base.q4.data"]["packed"]
     assert q4["file"] == packed["file"] and {"q4_1.q", "q4_1.d", "q4_1.mT", "q8_0.q", "q8_0.d"} <= {s["kind"] for s in q4["segments"]}
-    assert node_unpack(onnx_dir / q4["file"], q4, files["base.q4.data"]["bytes"]) == files["base.q4.data"]["sha256"]
+    assert node_unpack(onnx_dir / q4["file"], q4, files["base.q4.data"]["bytes"], table) == files["base.q4.data"]["sha256"]
     q4_weights = sum(files[f]["bytes"] for f in json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["q4"]["graphs"]["base"]["weights"])
     assert q4_weights < 0.22 * files["base.data"]["bytes"], q4_weights  # 112 MB of 538
     tok = load_tokenizer(SMOL)
@@ -340,15 +342,17 @@ def test_the_page_reads_a_4000_token_prompt_in_chunks_exactly(smol, smol_export,
 UNPACK = """
 import { readFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
-const [,, blocksPath, specPath, size, lib] = process.argv;
+const [,, blocksPath, specPath, size, lib, table] = process.argv;
 const { unpack } = await import(lib);
-const out = unpack(JSON.parse(readFileSync(specPath, 'utf8')), new Uint8Array(readFileSync(blocksPath)), Number(size));
+const out = unpack(JSON.parse(readFileSync(specPath, 'utf8')), new Uint8Array(readFileSync(blocksPath)), Number(size),
+  JSON.parse(table));
 console.log(createHash('sha256').update(out).digest('hex'));
 """
 
 
-def node_unpack(blocks: Path, spec: dict, size: int) -> str:
-    """The sha256 of what the page's unpack (web/src/blocks.mjs) rebuilds from a blocks file."""
+def node_unpack(blocks: Path, spec: dict, size: int, table: dict = BLOCKS) -> str:
+    """The sha256 of what the page's unpack (web/src/blocks.mjs) rebuilds from a blocks file, given the
+    manifest's block table (contract.BLOCKS, as the export writes it)."""
     import subprocess
     import tempfile
 
@@ -356,7 +360,7 @@ def node_unpack(blocks: Path, spec: dict, size: int) -> str:
         (Path(tmp) / "unpack.mjs").write_text(UNPACK)
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         run = subprocess.run(["node", str(Path(tmp) / "unpack.mjs"), str(blocks), str(Path(tmp) / "spec.json"), str(size),
-                              (ROOT / "web" / "src" / "blocks.mjs").as_uri()], capture_output=True, text=True, timeout=300)
+                              (ROOT / "web" / "src" / "blocks.mjs").as_uri(), json.dumps(table)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     return run.stdout.strip()
 
@@ -390,6 +394,9 @@ def test_the_page_rebuilds_fp32_weights_from_q4_1_and_q8_0_blocks_bit_for_bit(tm
     (tmp_path / "w.blocks").write_bytes(bytes(blocks))
     got = node_unpack(tmp_path / "w.blocks", {"file": "w.blocks", "segments": segments}, len(data))
     assert got == hashlib.sha256(bytes(data)).hexdigest()
+    # the block table is the manifest's: one the page does not read is refused, never unpacked as if it were
+    with pytest.raises(AssertionError, match="manifest's q4_1 blocks .* rebuild the site"):
+        node_unpack(tmp_path / "w.blocks", {"file": "w.blocks", "segments": segments}, len(data), {**BLOCKS, "q4_1": [32, 18]})
 
 
 def test_the_q4_graph_computes_on_the_blocks_and_the_page_rebuilds_its_file(tmp_path):

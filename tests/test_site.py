@@ -505,6 +505,9 @@ def test_phone_sized_page_generates_and_shows_figures(browser, url):
         assert copied <= steps == int(page.locator("#steps").inner_text())
         assert page.locator("#lookup").is_checked(), "prompt lookup is on by default, as in the CLI"
         assert page.evaluate("document.documentElement.scrollWidth") <= 360, "the page scrolls sideways on a phone"
+        # the modes as the manifest names them (contract.py's MODE_LABELS and MODE_ROLES), the default first
+        assert page.locator("#mode option").all_inner_texts() == [
+            "MTP (head drafts, base verifies)", "Plain (base alone)", "Drafter (independent, the baseline)"]
         page.get_by_role("button", name="Compare plain, MTP, drafter").click()
         page.wait_for_selector("#comparison-verdict.same, #comparison-verdict.differ", timeout=180_000)
         verdict = page.locator("#comparison-verdict").inner_text()

@@ -20,8 +20,8 @@ import onnx
 
 from ..atomic import locked, replacing
 from ..contract import (BLOCKS, DEFAULT_K, DEFAULT_LOOKUP, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, DRAFT_CUT,
-                        DRAFTER_K_MAX, FORMAT, LOOKUP_SPAN, MANIFEST, MODE_LABELS, MODES, PRECISIONS, graph_files,
-                        read_manifest, sha256_file)
+                        DRAFTER_K_MAX, FORMAT, LOOKUP_SPAN, MANIFEST, MODE_LABELS, MODE_ROLES, MODES, PRECISIONS,
+                        graph_files, read_manifest, sha256_file)
 from ..data.tasks import load_tokenizer, special_tokens
 from ..decode.drafter import load_drafter
 from ..errors import CheckpointError
@@ -99,6 +99,7 @@ def write_manifest(ckpts: Checkpoints, out: Path, precisions: dict, base, head, 
         # mode -> its draft source: the modes this export can run (a mode whose source was not exported is left out)
         "modes": {mode: source for mode, source in MODES.items() if source is None or sources_here[source] is not None},
         "mode_labels": MODE_LABELS,  # how the page names them (contract.py)
+        "mode_roles": MODE_ROLES,  # and says what each does
         "defaults": {"mode": DEFAULT_MODE if head is not None else "ar",
                      "k": min(DEFAULT_K, head.config.k_train) if head else DEFAULT_K,  # a head may draft fewer
                      "max_new_tokens": DEFAULT_MAX_NEW_TOKENS, "lookup": DEFAULT_LOOKUP},

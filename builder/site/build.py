@@ -147,6 +147,7 @@ def render(out: Path, manifest: dict) -> None:
     # the modes this export runs, the draft source's first (the page's default): mtp, ar, drafter
     modes = sorted(manifest["modes"], key=lambda m: (m != manifest["defaults"]["mode"], m != "ar"))
     context = {"examples": {t: examples.get(t, []) for t in tasks}, "tasks": tasks, "k_max": manifest["head"]["k"], "modes": modes,
+               "mode_labels": manifest["mode_labels"], "mode_roles": manifest["mode_roles"],
                "context_length": manifest["context_length"], "n_layers": manifest["kv"]["layers"], "defaults": manifest["defaults"],
                "lookup_span": manifest["lookup_span"]}
     for template in sorted((WEB / "templates").glob("[!_]*.html")):

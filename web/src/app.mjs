@@ -10,7 +10,6 @@ import { OnnxBackend } from './onnx_backend.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const LABELS = { ar: 'plain', mtp: 'MTP', drafter: 'drafter' };  // how the page names the manifest's modes
 
 function showError(e) {
   const box = $('message');
@@ -82,7 +81,7 @@ async function load(choice, since = 0) {
   $('backend').textContent += ` · ${sessions.precision}`;
   $('precision').textContent = `· ${precisionNote}`;
   const modes = Object.keys(manifest.modes);  // mode -> draft source, as builder/decode/loop.py's MODES
-  $('compare').textContent = `Compare ${modes.map((m) => LABELS[m]).join(', ')}`;
+  $('compare').textContent = `Compare ${modes.map((m) => manifest.mode_labels[m]).join(', ')}`;  // contract.py's names
   $('progress').hidden = true;
   $('progress-text').textContent = `Models ready in ${(loadMs / 1000).toFixed(1)} s.`;
   for (const id of ['generate', 'compare']) $(id).disabled = false;
@@ -340,6 +339,7 @@ async function onCompare() {
   try {
     const { info, models } = await current;
     const modes = info.modes;
+    const label = models.manifest.mode_labels;
     $('comparison-verdict').textContent = 'Warming up…';
     for (const mode of modes) {
       const k = models.manifest.modes[mode] ? Math.min(Number($('k').value), kMax(models.manifest, mode)) : 0;
@@ -349,7 +349,7 @@ async function onCompare() {
     for (let round = 0; round < COMPARE_ROUNDS; round += 1) {
       for (let i = 0; i < modes.length; i += 1) {
         const mode = modes[(round + i) % modes.length];
-        $('comparison-verdict').textContent = `Round ${round + 1} of ${COMPARE_ROUNDS}: ${LABELS[mode]}…`;
+        $('comparison-verdict').textContent = `Round ${round + 1} of ${COMPARE_ROUNDS}: ${label[mode]}…`;
         runs[mode].push(await runOnPage(mode));
       }
     }
@@ -366,7 +366,7 @@ async function onCompare() {
     for (const mode of modes) {
       const rs = runs[mode];
       const tr = document.createElement('tr');
-      for (const cell of [LABELS[mode] + (mode !== 'ar' ? ` k=${rs[0].k}` : ''),
+      for (const cell of [label[mode] + (mode !== 'ar' ? ` k=${rs[0].k}` : ''),
         `${median(rs.map(speed)).toFixed(1)} (${range(rs.map(speed), (x) => x.toFixed(0))})`,
         String(rs[0].steps), mode === 'ar' ? '1x' : ratio(mode)]) {
         const td = document.createElement('td');
@@ -378,7 +378,7 @@ async function onCompare() {
     const all = modes.flatMap((m) => runs[m]);
     const differs = all.find((r) => r.ids.length !== plain[0].ids.length || r.ids.some((id, i) => id !== plain[0].ids[i]));
     $('comparison-verdict').textContent = differs
-      ? `The ${LABELS[differs.mode]} text differs from the plain one: please report this.`
+      ? `The ${label[differs.mode]} text differs from the plain one: please report this.`
       : `Identical text, ${plain[0].ids.length} tokens. Median of ${COMPARE_ROUNDS} interleaved rounds after a warm-up: `
         + `MTP ran at ${ratio('mtp')} the plain speed`
         + (runs.drafter ? `, the independent drafter at ${ratio('drafter')}` : '')

@@ -8,7 +8,9 @@
 // Each value is rounded to fp32 once, as numpy's fp32 arithmetic does in the import (gguf.quants): d * q
 // is exact in a double and in fp32 (11 + 8 bits), so fround(d * q + m) is numpy's fp32 sum.
 
-const BLOCK_BYTES = { q4_1: 20, q8_0: 34 };
+// The block table (weights, bytes per block) is the manifest's `blocks` (builder/contract.py's BLOCKS), which
+// unpack checks against the layouts written out below.
+const LAYOUT = { q4_1: [32, 20], q8_0: [32, 34] };
 
 /** An IEEE half (as its 16 bits) as a number. */
 export function half(bits) {
@@ -21,9 +23,10 @@ export function half(bits) {
 }
 
 function unpackRows(kind, src, dst) {
-  const n = src.length / BLOCK_BYTES[kind];
+  const size = LAYOUT[kind][1];
+  const n = src.length / size;
   for (let b = 0; b < n; b += 1) {
-    const o = b * BLOCK_BYTES[kind];
+    const o = b * size;
     const d = half(src[o] | (src[o + 1] << 8));
     const w = b * 32;
     if (kind === 'q4_1') {
@@ -45,7 +48,7 @@ function unpackRows(kind, src, dst) {
 // minima transposed (q4_1.mT: n x rows fp32), zero points 0 (zeros). A Q8_0 weight: q + 128 (q8_0.q: rows
 // x n x 32 bytes) and its scales (q8_0.d: rows x n fp32), zero points 128 (128s).
 function blockParts(kind, src, out, rows) {
-  const size = BLOCK_BYTES[kind.split('.')[0]];
+  const size = LAYOUT[kind.split('.')[0]][1];
   const n = src.length / size / rows;
   const f32 = kind.endsWith('.q') ? null : new Float32Array(out.buffer, out.byteOffset, out.length / 4);
   for (let r = 0; r < rows; r += 1) {
@@ -63,7 +66,7 @@ function blockParts(kind, src, out, rows) {
   }
 }
 
-// the bytes a segment of this kind holds per block of 32 weights (the blocks it reads: BLOCK_BYTES each)
+// the bytes a segment of this kind holds per block of 32 weights (the blocks it reads: LAYOUT's bytes each)
 const PER_BLOCK = { q4_1: 128, q8_0: 128, 'q4_1.q': 16, 'q4_1.d': 4, 'q4_1.mT': 4, 'q8_0.q': 32, 'q8_0.d': 4 };
 
 /**
@@ -71,9 +74,18 @@ const PER_BLOCK = { q4_1: 128, q8_0: 128, 'q4_1.q': 16, 'q4_1.d': 4, 'q4_1.mT': 
  * @param {{segments: {at: number, bytes: number, from: number, kind: string, rows?: number}[]}} spec
  * @param {Uint8Array} packed the blocks file
  * @param {number} size the weights file's bytes
+ * @param {Object<string, number[]>} blocks the manifest's block table: kind -> [weights, bytes] of one block
  * @returns {Uint8Array}
  */
-export function unpack(spec, packed, size) {
+export function unpack(spec, packed, size, blocks) {
+  for (const s of spec.segments) {
+    const kind = s.kind.split('.')[0];
+    if (!(kind in LAYOUT)) continue;
+    if (!blocks?.[kind] || blocks[kind][0] !== LAYOUT[kind][0] || blocks[kind][1] !== LAYOUT[kind][1]) {
+      throw new Error(`packed weights: the manifest's ${kind} blocks (${blocks?.[kind]}) are not the ones this page reads `
+        + `(${LAYOUT[kind]} weights, bytes): rebuild the site`);
+    }
+  }
   const out = new Uint8Array(size);
   let end = 0;
   for (const s of spec.segments) {
@@ -88,10 +100,10 @@ export function unpack(spec, packed, size) {
       continue;
     }
     if (!(s.kind in PER_BLOCK)) throw new Error(`packed weights: unknown block kind ${s.kind}`);
-    const length = (s.bytes / PER_BLOCK[s.kind]) * BLOCK_BYTES[s.kind.split('.')[0]];
+    const length = (s.bytes / PER_BLOCK[s.kind]) * LAYOUT[s.kind.split('.')[0]][1];
     if (s.from + length > packed.length) throw new Error(`packed weights: the blocks file is too short`);
     const src = packed.subarray(s.from, s.from + length);
-    if (s.kind in BLOCK_BYTES) unpackRows(s.kind, src, new Float32Array(out.buffer, s.at, s.bytes / 4));
+    if (s.kind in LAYOUT) unpackRows(s.kind, src, new Float32Array(out.buffer, s.at, s.bytes / 4));
     else blockParts(s.kind, src, out.subarray(s.at, s.at + s.bytes), s.rows);
   }
   return out;

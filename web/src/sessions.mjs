@@ -107,7 +107,7 @@ export class Sessions {
   async weightsFile(path, onBytes) {
     const { packed, bytes, sha256 } = this.manifest.files[path];
     if (!packed) return this.fetch(path, onBytes);
-    const data = unpack(packed, await this.fetch(packed.file, onBytes), bytes);
+    const data = unpack(packed, await this.fetch(packed.file, onBytes), bytes, this.manifest.blocks);
     if (await hex(data) !== sha256) {
       throw new PageError(`${path} rebuilt from ${packed.file} is not the exported file (sha256 differs): rebuild the site`);
     }
