@@ -84,16 +84,26 @@ def graph_files(graph: dict) -> list[str]:
     return [graph["file"], *graph["weights"]]
 
 
+def read_json(path: Path, missing: str = "") -> dict:
+    """A JSON object from path: a missing file (missing: what to do about it), invalid JSON or anything but an
+    object is a CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"missing {path}" + (f": {missing}" if missing else ""))
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return value
+
+
 def read_manifest(directory: Path) -> dict:
     """The manifest of an export, every file checked against its recorded size and sha256."""
     directory = Path(directory)
     path = directory / MANIFEST
-    if not path.is_file():
-        raise CheckpointError(f"missing {path}: export the models first")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    manifest = read_json(path, "export the models first")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r}): "
                               "export the models again")

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..atomic import replacing
+from ..contract import read_json
 from ..errors import CheckpointError
 from .head import base_fingerprint
 from .llama import PROJECTIONS, Llama, Projection, load_llama
@@ -90,13 +91,8 @@ def save_adapter(model: Llama, directory: str | Path, rank: int, alpha: float, e
 
 def read_adapter_config(directory: str | Path) -> dict:
     path = Path(directory) / "adapter_config.json"
-    if not path.is_file():
-        raise CheckpointError(f"missing {path}: not an adapter directory")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA" or not isinstance(config.get("r"), int):
+    config = read_json(path, "not an adapter directory")
+    if config.get("peft_type") != "LORA" or not isinstance(config.get("r"), int):
         raise CheckpointError(f"{path} is not a LoRA adapter's config (peft_type LORA with an integer r)")
     return config
 
