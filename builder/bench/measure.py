@@ -36,8 +36,10 @@ class Plan:
     repeats: int
     modes: tuple[str, ...] = tuple(MODES)  # without "drafter" where there is no drafter
 
+
 def modes(plan: Plan) -> list[tuple[str, int]]:
     return [(mode, k if MODES[mode] else 0) for mode in plan.modes for k in (plan.ks if MODES[mode] else (0,))]
+
 
 def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, peers: dict | None = None,
             eos: int | None = None, peer_refs: dict | None = None) -> tuple[list[dict], list[dict]]:
@@ -65,56 +67,67 @@ def measure(runtime: str, run, prompts: dict, refs: dict, plan: Plan, peers: dic
                     t = peer_rounds.setdefault((peer, task), new_peer_rounds(plan.repeats))
                     for ids, text in items[task]:
                         add_peer_result(t, rep, peers[peer](ids, plan.new_tokens), peer_refs[(task, text, plan.new_tokens)], eos)
-                    continue
-                r = rounds.setdefault((task, mode, k), {"tps": [], "decode_tps": [], "prefill_share": [], "tokens": 0,
-                                                        "steps": 0, "accepted": [], "mismatches": 0, "near_ties": 0,
-                                                        "verified": Counter(), "draft_runs": 0})
-                tokens, seconds, prefill = 0, 0.0, 0.0
-                for ids, text in items[task]:
-                    out, s = run(ids, text, task, mode, k, plan.new_tokens)
-                    verdict, _ = compare_to_reference(refs[(task, text, plan.new_tokens)], out.ids)
-                    r["mismatches"] += verdict == "mismatch"
-                    r["near_ties"] += verdict == "near-tie"
-                    r["steps"] += out.steps
-                    r["accepted"] += out.accepted
-                    r["verified"].update(out.verified)  # the base passes by length, and the draft source's runs
-                    r["draft_runs"] += sum(v > 1 and not looked for v, looked in zip(out.verified, out.lookups))
-                    tokens, seconds, prefill = tokens + len(out.ids), seconds + s, prefill + out.prefill_seconds
-                r["tokens"] += tokens
-                r["tps"].append(tokens / seconds)
-                r["decode_tps"].append(tokens / (seconds - prefill))
-                r["prefill_share"].append(prefill / seconds)
+                else:
+                    our_round(rounds.setdefault((task, mode, k), new_rounds()), run, items[task], task, mode, k, refs, plan)
             logger.info(f"{runtime} round {rep + 1}/{plan.repeats} {task}: " + ", ".join(
                 [f"{m}{k or ''} {rounds[(task, m, k)]['tps'][-1]:.0f}" for m, k in modes(plan)]
                 + [f"{name} {peer_rounds[(name, task)]['tokens'][rep] / (peer_rounds[(name, task)]['ms'][rep] / 1000):.0f}"
                    for name in peers]) + " tokens/s")
-    results = []
-    for (task, mode, k), r in rounds.items():
-        ar = statistics.median(rounds[(task, "ar", 0)]["tps"])
-        tps = statistics.median(r["tps"])
-        ar_decode, decode_tps = statistics.median(rounds[(task, "ar", 0)]["decode_tps"]), statistics.median(r["decode_tps"])
-        tau, by_position = acceptance(r["accepted"], k)
-        results.append({"runtime": runtime, "task": task, "mode": mode, "k": k, "prompts": plan.prompts,
-                        "new_tokens": plan.new_tokens, "tokens_per_s": round(tps, 2),
-                        "tokens_per_s_rounds": [round(x, 2) for x in r["tps"]],
-                        "tau": round(tau, 3), "accept_by_position": [round(a, 3) for a in by_position],
-                        "speedup_vs_ar": round(tps / ar, 3), "speedup_per_tau": round(tps / ar / tau, 3),
-                        "decode_tokens_per_s": round(decode_tps, 2),
-                        "decode_tokens_per_s_rounds": [round(x, 2) for x in r["decode_tps"]],
-                        "decode_speedup_vs_ar": round(decode_tps / ar_decode, 3),
-                        "decode_speedup_per_tau": round(decode_tps / ar_decode / tau, 3),
-                        "mean_new_tokens": round(r["tokens"] / (plan.repeats * len(items[task])), 1),
-                        "prefill_share": round(statistics.median(r["prefill_share"]), 4),
-                        "prefill_share_rounds": [round(x, 4) for x in r["prefill_share"]],
-                        "tokens": r["tokens"], "base_runs_by_length": {str(t): n for t, n in sorted(r["verified"].items())},
-                        "draft_runs": r["draft_runs"],
-                        "mismatches": r["mismatches"], "near_ties": r["near_ties"]})
+    results = [our_row(runtime, task, mode, k, r, rounds[(task, "ar", 0)], plan, len(items[task]))
+               for (task, mode, k), r in rounds.items()]
     peer_rows = [{"runtime": name, "interleaved_with": runtime, **peer_row(task, t, plan)}
                  for (name, task), t in peer_rounds.items()]
     return results, peer_rows
 
+
+def new_rounds() -> dict:
+    return {"tps": [], "decode_tps": [], "prefill_share": [], "tokens": 0, "steps": 0, "accepted": [], "mismatches": 0,
+            "near_ties": 0, "verified": Counter(), "draft_runs": 0}
+
+
+def our_round(r: dict, run, items: list, task: str, mode: str, k: int, refs: dict, plan: Plan) -> None:
+    """One round of (task, mode, k) over the task's prompts, added to r: exactness, steps, speed."""
+    tokens, seconds, prefill = 0, 0.0, 0.0
+    for ids, text in items:
+        out, s = run(ids, text, task, mode, k, plan.new_tokens)
+        verdict, _ = compare_to_reference(refs[(task, text, plan.new_tokens)], out.ids)
+        r["mismatches"] += verdict == "mismatch"
+        r["near_ties"] += verdict == "near-tie"
+        r["steps"] += out.steps
+        r["accepted"] += out.accepted
+        r["verified"].update(out.verified)  # the base passes by length, and the draft source's runs
+        r["draft_runs"] += sum(v > 1 and not looked for v, looked in zip(out.verified, out.lookups))
+        tokens, seconds, prefill = tokens + len(out.ids), seconds + s, prefill + out.prefill_seconds
+    r["tokens"] += tokens
+    r["tps"].append(tokens / seconds)
+    r["decode_tps"].append(tokens / (seconds - prefill))
+    r["prefill_share"].append(prefill / seconds)
+
+
+def our_row(runtime: str, task: str, mode: str, k: int, r: dict, plain: dict, plan: Plan, prompts: int) -> dict:
+    """The JSON row of (task, mode, k) from its rounds r, its speeds against plain decoding's rounds."""
+    ar, tps = statistics.median(plain["tps"]), statistics.median(r["tps"])
+    ar_decode, decode_tps = statistics.median(plain["decode_tps"]), statistics.median(r["decode_tps"])
+    tau, by_position = acceptance(r["accepted"], k)
+    return {"runtime": runtime, "task": task, "mode": mode, "k": k, "prompts": plan.prompts,
+            "new_tokens": plan.new_tokens, "tokens_per_s": round(tps, 2),
+            "tokens_per_s_rounds": [round(x, 2) for x in r["tps"]],
+            "tau": round(tau, 3), "accept_by_position": [round(a, 3) for a in by_position],
+            "speedup_vs_ar": round(tps / ar, 3), "speedup_per_tau": round(tps / ar / tau, 3),
+            "decode_tokens_per_s": round(decode_tps, 2),
+            "decode_tokens_per_s_rounds": [round(x, 2) for x in r["decode_tps"]],
+            "decode_speedup_vs_ar": round(decode_tps / ar_decode, 3),
+            "decode_speedup_per_tau": round(decode_tps / ar_decode / tau, 3),
+            "mean_new_tokens": round(r["tokens"] / (plan.repeats * prompts), 1),
+            "prefill_share": round(statistics.median(r["prefill_share"]), 4),
+            "prefill_share_rounds": [round(x, 4) for x in r["prefill_share"]],
+            "tokens": r["tokens"], "base_runs_by_length": {str(t): n for t, n in sorted(r["verified"].items())},
+            "draft_runs": r["draft_runs"], "mismatches": r["mismatches"], "near_ties": r["near_ties"]}
+
+
 def new_peer_rounds(repeats: int) -> dict:
     return {"tokens": [0] * repeats, "ms": [0.0] * repeats, "decode_ms": [0.0] * repeats, "mismatches": 0, "near_ties": 0}
+
 
 def add_peer_result(t: dict, rep: int, r: dict, ref, eos: int) -> None:
     out = r["ids"][: r["ids"].index(eos) + 1] if eos in r["ids"] else r["ids"]  # a peer may go on past the end
@@ -124,6 +137,7 @@ def add_peer_result(t: dict, rep: int, r: dict, ref, eos: int) -> None:
     t["decode_ms"][rep] += r["decode_ms"]
     t["mismatches"] += verdict == "mismatch"
     t["near_ties"] += verdict == "near-tie"
+
 
 def peer_row(task: str, t: dict, plan: Plan) -> dict:
     tps = [n / (ms / 1000) for n, ms in zip(t["tokens"], t["ms"])]
@@ -135,6 +149,7 @@ def peer_row(task: str, t: dict, plan: Plan) -> dict:
             "prefill_share": round(statistics.median(1 - d / m for d, m in zip(t["decode_ms"], t["ms"])), 4),
             "mean_new_tokens": round(sum(t["tokens"]) / (plan.repeats * plan.prompts), 1),
             "mismatches": t["mismatches"], "near_ties": t["near_ties"]}
+
 
 def measure_peer(peer: str, threads, prompts: dict, refs: dict, plan: Plan, browser, base_dir: Path, eos: int) -> dict:
     """One peer runtime in rounds of its own: plain greedy decoding of the plan's prompts, every round in
@@ -156,6 +171,7 @@ def measure_peer(peer: str, threads, prompts: dict, refs: dict, plan: Plan, brow
         add_peer_result(t, n // len(items), r, refs[(task, text, plan.new_tokens)], eos)
     return {"info": info, "threads": info.get("threads", threads),
             "rows": [peer_row(task, t, plan) for task, t in rounds.items()]}
+
 
 def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
     """Bytes each model takes while decoding (weights in fp32, as every runtime but fp16 WebGPU holds them;
@@ -179,11 +195,13 @@ def memory(ckpts: Checkpoints, onnx_dir: Path | None = None) -> dict:
                                                                "fp32": 4 * adapter_params(d)} for d in ckpts.adapters},
             **(download_bytes(onnx_dir) if onnx_dir and (onnx_dir / "manifest.json").is_file() else {})}
 
+
 def adapter_params(directory: Path) -> int:
     from safetensors import safe_open
 
     with safe_open(str(Path(directory) / "adapter_model.safetensors"), "pt") as f:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+
 
 def download_bytes(onnx_dir: Path) -> dict:
     """The weights files the fp32 graphs read, per model (the head's and the drafter's beyond the base's
@@ -199,6 +217,7 @@ def download_bytes(onnx_dir: Path) -> dict:
     return {"base_download_bytes": size(base), "mtp_download_bytes": size(head), "drafter_download_bytes": size(drafter),
             **({"base_q4_weights_bytes": sum(files[f]["bytes"] for f in q4["graphs"]["base"]["weights"])} if q4 else {})}
 
+
 def graph_nodes(onnx_dir: Path) -> dict:
     """Operator nodes of each fp32 graph of the export (the base's, the head's per k, the drafter's): on a
     runtime bound by kernel launches, a graph's cost follows its node count. The Casts of weights stored
@@ -212,6 +231,7 @@ def graph_nodes(onnx_dir: Path) -> dict:
 
     graphs = json.loads((onnx_dir / "manifest.json").read_text())["precisions"]["fp32"]["graphs"]
     return {name: count(onnx_dir / g["file"]) for name, g in graphs.items()}
+
 
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
