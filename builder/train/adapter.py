@@ -37,6 +37,7 @@ from ..errors import UserError
 from ..models.adapter import add_adapter, load_adapter, projections, remove_adapter, save_adapter
 from ..models.head import base_fingerprint
 from ..models.llama import Llama, load_llama
+from .cards import render_card
 from .distill import distilled, greedy_continuations
 from .loop import Run, Schedule, train
 
@@ -297,8 +298,4 @@ def fault_counts(candidates: list[dict]) -> dict[str, int]:
 
 def write_card(out: Path, log: dict) -> None:
     """The adapter's card, rendered from templates/adapter_card.md.j2 (the numbers come from the log)."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
-    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), undefined=StrictUndefined,
-                      keep_trailing_newline=True)
-    (out / "README.md").write_text(env.get_template("adapter_card.md.j2").render(log=log))
+    render_card(out, "adapter_card.md.j2", log=log)

@@ -39,6 +39,7 @@ from ..data.tasks import EOS, SPECIAL_TOKENS, TASKS, decode, encode_prompt, enco
 from ..decode.torch_backend import decode_ar
 from ..errors import DataError
 from ..models.llama import Llama, LlamaConfig, load_config, load_llama, save_llama
+from .cards import render_card
 from .loop import Run, Schedule, train
 
 logger = logging.getLogger(__name__)
@@ -331,84 +332,6 @@ def train_and_report(out: Path, cfg: TrainConfig, run_dir: Path, device: str | N
     return log
 
 
-def validation_table(v: dict) -> str:
-    """The card's validation table: this base, and the base it was compared with when there is one."""
-    other = v.get("against")
-    rows = [("bits per byte, all validation text", "bits_per_byte", "{:.3f}"),
-            (f"bits per byte, the Python docs' validation text ({v['python_validation_paragraphs']} paragraphs)",
-             "bits_per_byte_python_validation", "{:.3f}"),
-            (f"proofread exact-fix rate: greedy output equals the correct sentence ({v['proofread_evaluated']} validation sentences)",
-             "proofread_exact_fix", "{:.1%}"),
-            (f"summarize exact match with the heading ({v.get('summarize_evaluated', 0)} validation passages)", "summarize_exact", "{:.1%}"),
-            ("summarize word-overlap F1 with the heading", "summarize_overlap_f1", "{:.3f}")]
-    them = other and f"`{other['base']}`" + (f" ({other['shape']})" if "shape" in other else "")
-    head = "| measure | this base |" + (f" {them} |" if other else "")
-    lines = [head, "| --- | --- |" + (" --- |" if other else "")]
-    for label, key, fmt in rows:
-        cells = [fmt.format(x[key]) if key in x else "(no such task)" for x in [v] + ([other] if other else [])]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def write_card(out: Path, log: dict) -> None:
-    c, v, t, d = load_config(out), log["validation"], log["train_config"], log["data"]
-    sources = "\n".join(f"| {name} | {s['licence']} | {s['train_files']} / {s['validation_files']} | "
-                        f"{s['train_chars']:,} / {s['validation_chars']:,} |" for name, s in d["sources"].items())
-    samples = "\n".join(f"**{s['task']}** - prompt: `{s['prompt'][:300]}`\n\n> {s['output']}\n" for s in v["samples"])
-    (out / "README.md").write_text(f"""# Frozen MTP base model
-
-A small Llama-family causal language model trained from scratch on this machine, the default
-**frozen base** of the Frozen MTP demo: deep and thin, like the models that run on phones. Standard
-Hugging Face layout: it loads in `transformers`' `LlamaForCausalLM` and `PreTrainedTokenizerFast`
-(`tokenizer.json`). Reproduce it with `python -m builder train-base` (seeded; resumable).
-
-## Architecture
-
-| | |
-| --- | --- |
-| parameters | {log['parameters']:,} ({log['parameters'] / 1e6:.2f} M; embeddings tied to the LM head) |
-| layers | {c['num_hidden_layers']} decoder layers (RMSNorm, rotary position embeddings, SwiGLU MLP) |
-| width | hidden {c['hidden_size']}, MLP {c['intermediate_size']} |
-| attention | {c['num_attention_heads']} query heads, {c['num_key_value_heads']} key/value heads (grouped-query), head size {c['hidden_size'] // c['num_attention_heads']} |
-| context window | {c['max_position_embeddings']} tokens |
-| vocabulary | {c['vocab_size']} byte-level BPE tokens (`tokenizers`, trained on the training split) |
-| special tokens | `<|endoftext|>` (end of sequence, id {c['eos_token_id']}), `<|continue|>`, `<|proofread|>`, `<|fix|>`, `<|summarize|>`, `<|summary|>` |
-
-Why this shape, the alternatives measured (throughput of each on this machine's CPU, vocabulary sizes)
-and the choice of the summarize task: the project's `docs/deep-base.md`.
-
-## Data
-
-English prose from Debian's documentation packages (`builder/data/corpus.py`): only prose paragraphs
-(code, tables, navigation and markup dropped), split into train and validation by a hash of each
-file's path (1 in 20 to validation); no validation paragraph is trained on.
-
-| package | licence | files train / validation | characters train / validation |
-| --- | --- | --- | --- |
-{sources}
-
-Three tasks, one prompt format each (`builder/data/tasks.py`, shared with the site):
-
-- `continue`: `<|continue|>{{text}}`; trained on every training section (heading and paragraphs);
-- `proofread`: `<|proofread|>{{text with typos}}<|fix|>`, the model writes the corrected sentence
-  ({d['proofread_pairs']:,} pairs trained: dropped, swapped, doubled or substituted letters, common misspellings);
-- `summarize`: `<|summarize|>{{passage}}<|summary|>`, the model writes a short title: the passage is the
-  first paragraphs of a section (400-1600 characters), the summary its heading (a heading of 3 or more
-  words that occurs once in the corpus; {d['summarize_pairs']:,} pairs trained).
-
-Loss is taken only on what the model writes. The stream holds {d['stream_tokens'] / 1e6:.1f} M tokens.
-
-## Training
-
-{log['steps']} AdamW steps of {t['batch_size']} x {t['block_size']} tokens ({log['tokens_seen'] / 1e6:.1f} M tokens seen),
-peak learning rate {t['lr']} (warmup, constant, linear decay over the last {t['cooldown']:.0%}), seed {t['seed']}:
-**{log['train_seconds'] / 60:.0f} minutes** on {log['device']}. Final training loss {log['final_train_loss']:.3f}.
-
-## Validation
-
-{validation_table(v)}
-
-## Samples (greedy, unedited, validation prompts)
-
-{samples}
-""")
+    """The base's card, rendered from templates/base_card.md.j2 (the numbers come from the log and config.json)."""
+    render_card(out, "base_card.md.j2", log=log, c=load_config(out))

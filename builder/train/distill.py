@@ -188,23 +188,6 @@ def make_batches(data, batch: int, rng: random.Random, feats: list | None = None
             yield seqs, valid, *padded
 
 
-def prompts_line(log: dict) -> str:
-    """A card's sentence naming the held-back prompts its tau table was measured on (none for an older log)."""
-    digest = log.get("acceptance_prompts_sha256")
-    return "" if not digest else (
-        f"\nThe prompts: {log['train_config']['eval_prompts']} a task from the corpus's validation files, sha256 of their "
-        f"(task, prompt) pairs `{digest}`; `python bench/heads/tau.py --prompts {log['train_config']['eval_prompts']}` "
-        "prints it for the installed documentation (another version of it gives other prompts).")
-
-
-def messages_line(log: dict) -> str:
-    """A card's sentence on its "reply (messages)" rows (none for a head never trained on real messages)."""
-    digest = log.get("acceptance_messages_sha256")
-    return "" if not digest else (
-        f"\n\"reply (messages)\": the {next(iter(log['acceptance_messages'].values()))['prompts']} held-back real messages of "
-        f"data/messages.py (sha256 `{digest}`; `python bench/heads/tau.py --chat-messages 48`).")
-
-
 def measure_acceptance(base: Llama, tok, prompts: list[dict], ks, max_new_tokens: int = 48, lookup: bool = False,
                        **source) -> dict:
     """Per task and k: tau, acceptance by draft position, and whether every output equals plain greedy.

@@ -32,7 +32,8 @@ from ..decode.drafter import torch_drafter
 from ..errors import CheckpointError
 from ..models.head import base_fingerprint, load_head
 from ..models.llama import Llama, LlamaConfig, load_llama, save_llama
-from .distill import distilled, each_once, make_batches, measure_acceptance, prompts_line, training_prompts
+from .cards import render_card
+from .distill import distilled, each_once, make_batches, measure_acceptance, training_prompts
 from .head import HeadTrainConfig, distil_parts, stage_parts, training_stages
 from .loop import Run, Schedule, sequential, train
 
@@ -164,43 +165,5 @@ def train_and_report(base_dir: Path, out: Path, cfg: DrafterTrainConfig) -> dict
 
 
 def write_card(out: Path, log: dict) -> None:
-    acc, c = log["acceptance"], log["train_config"]
-    if c.get("head"):
-        data_rows = (f"| data | every sequence the MTP head in `{c['head']}` trained on, all its stages: task prompts with the "
-                     f"frozen base's greedy answers ({log['sequences']:,} sequences), and the base's final hidden states "
-                     f"cached with them (build/distill/) |\n| loss | cross-entropy with the base's next-token distribution "
-                     f"over the head's draft vocabulary (from those hidden states, renormalised: the head's soft targets) at "
-                     f"every position whose next token the base wrote; the drafter's own softmax is over the whole vocabulary")
-        command = (f"`python -m builder train-drafter --head {c['head']} --hidden-size {c['hidden_size']} --layers {c['layers']} "
-                   f"--intermediate-size {c['intermediate_size']} --steps {c['steps']}`")
-    else:
-        data_rows = (f"| data | the MTP head's: the same training-split prompts of every task with the frozen base's greedy "
-                     f"continuations ({log['sequences']:,} sequences) |\n| loss | cross-entropy with the base's full "
-                     f"next-token distribution at every position")
-        command = "`python -m builder train-drafter`"
-    rows = "\n".join(f"| {v['task']} | {v['k']} | {v['tau']:.2f} | {' '.join(f'{p:.2f}' for p in v['accept_by_position'])} "
-                     f"| {v['mismatches']} |" for v in acc.values())
-    (out / "README.md").write_text(f"""# Independent drafter (baseline)
-
-A small Llama-family language model with its own embeddings, KV cache and prefill: the **independent
-drafter** that Frozen MTP is compared against. Standard Hugging Face layout (`config.json`,
-`model.safetensors`, `tokenizer.json`: the base's tokenizer). Reproduce it with
-{command} (seeded).
-
-| | |
-| --- | --- |
-| parameters | {log['drafter_parameters']:,} (about the MTP head's: see `models/mtp/README.md`) |
-| layers | {c['layers']} decoder layers, width {c['hidden_size']}, MLP {c['intermediate_size']}, {c['heads']} query / {c['kv_heads']} key-value heads, embeddings tied |
-{data_rows} |
-| training | {c['steps']} steps of {c['batch_size']} sequences, AdamW lr {c['lr']}; {log['data_seconds']} s of data{' (read from the cache)' if c.get('head') else ''}, {log['train_seconds']} s of training on 2 CPU cores |
-| final loss | {log['final_loss']:.3f}; argmax agreement with the base on the base's tokens {log['final_agreement_with_base']:.2f} |
-
-## Acceptance (validation prompts, 48 new tokens, torch)
-
-tau = tokens decided per base pass; acceptance by position = share of steps whose i-th draft was accepted;
-mismatches against plain greedy decoding must be 0.{prompts_line(log)}
-
-| task | k | tau | acceptance by position | mismatches |
-| --- | --- | --- | --- | --- |
-{rows}
-""")
+    """The drafter's card, rendered from templates/drafter_card.md.j2 (the numbers come from the log)."""
+    render_card(out, "drafter_card.md.j2", log=log)

@@ -42,8 +42,8 @@ from ..errors import CheckpointError, UserError
 from ..models.adapter import load_adapter, remove_adapter
 from ..models.head import HeadConfig, MTPHead, base_fingerprint, grow, induction_scores, init_random, load_head, save_head
 from ..models.llama import Llama, load_llama
-from .distill import (distilled, each_once, greedy_continuations, make_batches, measure_acceptance, messages_line,
-                      prompts_line, training_prompts)
+from .cards import macro, render_card
+from .distill import distilled, each_once, greedy_continuations, make_batches, measure_acceptance, training_prompts
 from .loop import RunState, Run, Schedule, sequential, train
 
 logger = logging.getLogger(__name__)
@@ -383,41 +383,18 @@ def stage_command(log: dict) -> str:
     return " ".join(["python -m builder train-head"] + parts)
 
 
-def stage_text(log: dict) -> str:
-    """One training stage, in words: its data, its targets, its steps and time."""
+def stage_context(log: dict) -> dict:
+    """What templates/head_stage.md.j2's `stage` takes for one training stage: its log, its prompts of each task
+    (the base's tasks, then a chat base's others) and the command that reproduces it."""
     t = log["train_config"]
-    target = ("the base's whole next-token distribution (soft targets)" if t.get("targets") == "distribution"
-              else "the base's greedy token")
     tasks = [*TASKS, *(task for task in t.get("task_prompts") or {} if task not in TASKS)]  # reply: a chat base's
     counts = {task: (t.get("task_prompts") or {}).get(task, t["prompts_per_task"]) for task in tasks}
-    if len(set(counts.values())) == 1:
-        prompts = (f"{t['prompts_per_task']} training-split prompts per task the base offers (`continue` prefixes, "
-                   f"`proofread`\nsentences with typos, `summarize` passages; seed {t['seed']})")
-    else:
-        prompts = (", ".join(f"{n} `{task}`" for task, n in counts.items())
-                   + f" prompts of the training split\n(fewer where it has fewer; seed {t['seed']})")
-    start = f"from the head in `{t['init']}`" if t.get("init") else "from random weights"
-    added = log.get("head_layers", 1) - log.get("init_log", {}).get("head_layers", 1)
-    if t.get("init") and added > 0:
-        start += (f" with {added} decoder layer{'s' if added > 1 else ''} added after its own (starting as the"
-                  " identity: output projections zero)")
-    if t.get("init") and t.get("draft_vocab"):
-        start += (f", its draft vocabulary made smaller: the {t['draft_vocab']:,} of its tokens this stage's data uses"
-                  " most")
-    if t.get("chat_messages"):
-        prompts += f", and {t['chat_messages']} `reply` prompts that are real short messages (data/messages.py)"
-    if t.get("everyday"):
-        everyday = (", ".join(f"{n} `{task}`" for task, n in t["everyday"].items())
-                    + f" everyday training texts (data/everyday.py; seed {t['seed'] + 2000}), each decoded by its feature's "
-                    f"production model (the base plus `{t.get('adapters')}/TASK` where it exists)")
-        prompts = f"{prompts}, and {everyday}" if t.get("task_prompts") or t.get("chat_messages") else everyday
-    if t.get("replay"):
-        prompts += ", and again every earlier stage's prompts (`--replay`)"
-    return f"""{prompts}; the base wrote its own greedy continuation of each
-({log['sequences']} sequences{', each once' if t.get('replay') else ''}, {log['distilled_tokens']:,} tokens, {log['data_seconds']} s). The head, {start}, was trained to
-predict {target} at each of the {t['k']} draft positions of every anchor, its own hidden state fed back:
-{t['steps']} AdamW steps of {t['batch_size']} sequences, lr {t['lr']}, **{log['train_seconds'] / 60:.0f} minutes** on a
-2-core CPU; final training loss {log['final_loss']:.3f}. `{stage_command(log)}`"""
+    return {"log": log, "counts": counts, "command": stage_command(log)}
+
+
+def stage_text(log: dict) -> str:
+    """One training stage, in words (templates/head_stage.md.j2): its data, its targets, its steps and time."""
+    return macro("head_stage.md.j2", "stage")(**stage_context(log))
 
 
 FEATURES = ("continue", "proofread", "summarize", "reply")
@@ -491,56 +468,5 @@ def training_stages(log: dict) -> list[dict]:
 
 
 def write_card(out: Path, log: dict, hc: HeadConfig) -> None:
-    acc = log["acceptance"]
-    messages = {f"messages/{key}": {**r, "task": "reply (messages)"} for key, r in log.get("acceptance_messages", {}).items()}
-    rows = "\n".join(
-        f"| {r['task']} | {r['k']} | {r['tau']:.2f} | " + " ".join(f"{a:.2f}" for a in r["accept_by_position"])
-        + f" | {r['prompts']} | {r['mismatches']} | {r['near_ties']} |" for r in {**acc, **messages}.values())
-    t = log["train_config"]
-    base = log.get("base", "models/base")
-    scores = log.get("induction_scores")
-    stages = training_stages(log)
-    training = (stage_text(log) if len(stages) == 1 else "\n\n".join(
-        f"**Stage {i}.** " + stage_text(st) for i, st in enumerate(stages, 1)))
-    layer_why = "set by `--kv-layer`" if t.get("kv_layer") is not None else "the layer with the strongest induction head"
-    if scores:
-        layer_why += (" (a copying circuit: on random tokens repeated, the attention a query pays to the token after"
-                      " its earlier occurrence; strongest head per layer: " + ", ".join(f"{s:.2f}" for s in scores) + ")")
-    (out / "README.md").write_text(f"""# Frozen MTP head for `{base}`
-
-A multi-token-prediction head trained on the **frozen** base in `{base}` (fingerprint
-`{hc.base_fingerprint[:16]}...` in `config.json`; loading it against another base fails). Reproduce it
-with the command{"s" if len(stages) > 1 else ""} under Training (seeded).
-
-## Architecture
-
-One draft step: `fc([norm(embed(token)); norm(hidden)])`, then {"one decoder layer" if hc.num_layers == 1 else f"{hc.num_layers} decoder layers"}, {"its" if hc.num_layers == 1 else "each with"}
-attention taking its queries from the head and its keys/values from the base's layer-{hc.kv_layer} KV cache
-(positions up to the anchor) plus {"its" if hc.num_layers == 1 else "the layer's"} own keys of the current chain, and a SwiGLU MLP ({hc.intermediate_size} wide),
-then a final RMSNorm; the draft is the argmax of the base's own LM head{f" over its rows of a {hc.draft_vocab:,}-token draft vocabulary (the base's most used tokens in the distilled data; `d2t` in the weights)" if hc.draft_vocab else ""}. The output hidden state feeds the next
-draft, so each draft is conditioned on the previous one. The head reuses the base's embedding and LM
-head and keeps no cache over the prompt: no prefill.
-
-| | |
-| --- | --- |
-| head parameters | {log['head_parameters']:,}: {log['head_parameters'] / log['base_parameters']:.1%} of the base's {log['base_parameters']:,}, {log['head_parameters'] / log['base_layer_parameters']:.2f} of its decoder layers ({log['base_layer_parameters']:,} each) |
-| trained chain length | k = {hc.k_train} |
-| base layer read | {hc.kv_layer}: {layer_why} |
-
-## Training (self-distillation, base frozen)
-
-{training}
-
-The base's parameters never required gradients and were checked bit-for-bit unchanged afterwards.
-{f"{chr(10)}Saved in {log['weights']}; the table below is measured on the saved weights.{chr(10)}" if log.get('weights') else ''}
-## Acceptance on validation prompts (never trained on)
-
-tau = mean over decode steps of (accepted drafts + 1): tokens decided per base pass. Acceptance by
-position i = share of steps whose i-th draft was accepted. Greedy, up to 48 new tokens; "mismatches"
-counts outputs that differ from plain greedy decoding (must be 0); "near-ties" those whose first
-difference is at a near-tie of the base (top-1/top-2 margin < 1e-3, CONTRACT.md's excused case).{prompts_line(log)}{messages_line(log)}
-
-| task | k | tau | acceptance by position | prompts | mismatches | near-ties |
-| --- | --- | --- | --- | --- | --- | --- |
-{rows}
-""")
+    """The head's card, rendered from templates/head_card.md.j2 (the numbers come from the log and the config)."""
+    render_card(out, "head_card.md.j2", log=log, hc=hc, stages=[stage_context(st) for st in training_stages(log)])
