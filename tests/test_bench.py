@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from builder.data.tasks import load_tokenizer
 from builder.contract import LOOKUP_SPAN
 from tests.conftest import INHOUSE, BASE_DIR, run
 
 
+@pytest.mark.slow  # a whole bench in a subprocess: an ONNX export, two runtimes, 5 modes, 3 tasks, 2 rounds
 def test_bench_writes_the_contract_json_and_a_report(tmp_path):
     out = tmp_path / "bench" / "bench.json"
     r = run("bench", *INHOUSE, "--json", str(out), "--runtimes", "torch,onnx-cpu", "--prompts", "2", "--new-tokens", "12",
