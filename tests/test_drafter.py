@@ -80,6 +80,7 @@ def test_onnx_drafter_equals_the_reference(base, onnx_dir, tokenizer, validation
             assert verdict != "mismatch", f"{p['prompt']!r} k={k}: first mismatch at token {at}"
 
 
+@pytest.mark.slow  # over 30 s in CI (2026-12-07)
 def test_generate_mode_drafter_from_the_cli(tmp_path):
     for backend in ("torch", "onnx"):
         r = run("generate", *INHOUSE, "--prompt", "The json module", "--mode", "drafter", "--k", "3", "--max-new-tokens", "12",

@@ -23,6 +23,7 @@ def head(base):
     return load_head(HEAD_DIR, base)
 
 
+@pytest.mark.slow  # over 30 s in CI (2026-12-07)
 def test_mtp_output_equals_plain_greedy_for_k_1_to_6(base, head, tokenizer, validation_prompts, reference):
     """60 validation prompts (30 per task) never trained on, k = 1..6: docs/contract.md's exactness rule."""
     eos = base.config.eos_token_id

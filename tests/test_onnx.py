@@ -115,6 +115,7 @@ def test_every_weight_is_stored_once(onnx_dir, base, head):
         assert set(heads[0].values()) & set(lm_head.values()), f"{precision}: the head has its own LM head copy"
 
 
+@pytest.mark.slow  # over 30 s in CI (2026-12-07)
 def test_graphs_exported_in_worker_processes_are_the_bytes_one_process_writes(tiny, tiny_onnx, tmp_path, monkeypatch):
     """The session's tiny export ran its graphs in forked workers (graphs.EXPORT_WORKERS, where there are cores);
     exported again in this one process, every graph and weights file of each precision is the same, byte for byte
@@ -257,6 +258,7 @@ def test_accepting_and_rolling_back_the_onnx_cache_gives_the_reference(backend, 
             assert out.steps == -(-len(ref.ids) // (k + 1)) or eos in ref.ids
 
 
+@pytest.mark.slow  # over 30 s in CI (2026-12-07)
 def test_onnx_backend_equals_the_torch_reference(backend, heads, base, tokenizer, validation_prompts, reference):
     """60 validation prompts of both tasks, plain and mtp with k = 1..6, on the path the page runs (the
     head graph of k drafts, then the base verifying k + 1): docs/contract.md's exactness rule."""

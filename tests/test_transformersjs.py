@@ -3,6 +3,8 @@ local fp32 ONNX export of SmolLM2 (builder/bench/hf_onnx.py), in the same headle
 The export is cached under build/hf-onnx/ (the first run exports it: a minute or two)."""
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import ROOT
 
 SMOL = ROOT / "models" / "base"
@@ -35,6 +37,7 @@ def test_transformersjs_decodes_the_smollm2_export_greedily_from_token_ids(brows
     assert second["ids"] == first["ids"]  # greedy: the same output every run
 
 
+@pytest.mark.slow  # over 30 s in CI (2026-12-07)
 def test_the_export_keeps_the_logits_transformersjs_asks_for(base, tmp_path):
     """num_logits_to_keep, as optimum's exports have it: 0 keeps every position's logits, n the last n
     (transformers.js feeds 1 when it generates, so a prompt never passes the LM head). Checked on the
@@ -64,6 +67,7 @@ def test_the_export_keeps_the_logits_transformersjs_asks_for(base, tmp_path):
         np.testing.assert_allclose(logits[n], logits[0][:, -n:], atol=1e-5)
 
 
+@pytest.mark.slow  # over 30 s in CI (2026-12-07)
 def test_the_8_and_4_bit_graphs_are_onnxruntimes_quantizations_of_the_export(base, tmp_path):
     """hf_onnx.quantized on the in-house base's export: q8 holds every MatMul's weights in int8 (MatMulInteger),
     q4 in 4-bit blocks (MatMulNBits); each file is a fraction of the fp32 weights, runs in onnxruntime, and
