@@ -1,12 +1,14 @@
-"""The reference side of the exactness tests, as a versioned parity file (llm.c's habit).
+"""The reference side of the exactness tests, as versioned parity files (llm.c's habit).
 
-CONTRACT.md's reference is plain greedy decoding with the PyTorch base. It is decoded once per base, for
-the validation prompts the tests use, into `tests/reference/<base fingerprint[:16]>.json`: per prompt its
-task, text, prompt ids, and the first `TOKENS` new ids with their top-1/top-2 margins. Every other mode,
-backend and the page are checked against it (`Reference.decoded`); `test_reference.py` checks the file
-itself against the PyTorch base, so it cannot drift from what it stands for.
+contract.md's reference is plain greedy decoding with the PyTorch base. It is decoded once per base, for
+the prompts that base's tests use, into `tests/reference/<base fingerprint[:16]>.json`: per prompt its
+task, text, prompt ids, and the first `TOKENS` new ids with their top-1/top-2 margins. Two bases have one:
+the in-house test model (the validation prompts, `PER_TASK` per task) and SmolLM2, the default
+(`SMOLLM2_PROMPTS`: everyday text of every task, which test_gguf.py decodes). Every other mode, backend and
+the page are checked against it (`Reference.decoded`); `test_reference.py` checks each file against its
+PyTorch base, so it cannot drift from what it stands for.
 
-    python -m tests.reference      # writes the file of the shipped base (after a change of base)
+    python -m tests.reference      # writes both files (after a change of base or of the prompts)
 """
 from __future__ import annotations
 
@@ -15,9 +17,21 @@ from pathlib import Path
 
 from builder.decode.loop import Decoded
 
-DIRECTORY = Path(__file__).resolve().parent / "reference"
+ROOT = Path(__file__).resolve().parent.parent
+DIRECTORY = ROOT / "tests" / "reference"
 TOKENS = 48      # new tokens per prompt: the most any exactness test asks for
 PER_TASK = 30    # validation prompts per task (conftest.validation_prompts)
+INHOUSE, SMOLLM2 = ROOT / "models" / "inhouse" / "base", ROOT / "models" / "base"
+# SmolLM2's: everyday text of every task it offers, written for the tests
+SMOLLM2_PROMPTS = [
+    {"task": "proofread", "prompt": "The functon returns a new dictionery with the same keys."},
+    {"task": "summarize", "prompt": "Hi all, the office will be closed on Monday for the public holiday. The support line "
+                                    "stays open from 9 to 5, and urgent tickets go to the on-call engineer as usual. "
+                                    "Have a good weekend!"},
+    {"task": "reply", "prompt": "Can you send me the slides from today's meeting?"},
+    {"task": "continue", "prompt": "Give me three tips for writing clear emails."},
+    {"task": "continue", "prompt": "What is the capital of France?"},
+]
 
 
 def path_for(fingerprint: str) -> Path:
@@ -50,18 +64,27 @@ class Reference:
         return Decoded(ids=ids, steps=len(ids), margins=margins, stopped=stopped)
 
 
-def write(base_dir: Path) -> Path:
-    """Decodes the tests' validation prompts with the PyTorch base and writes the base's parity file."""
+def prompts_for(base_dir: Path) -> list[dict]:
+    """The prompts of a base's parity file: SmolLM2's own, or the validation prompts of the tasks it offers."""
+    if Path(base_dir).resolve() == SMOLLM2.resolve():
+        return SMOLLM2_PROMPTS
     from builder.data.corpus import load_corpus, validation_prompts
+    from builder.data.tasks import load_tokenizer
+
+    return validation_prompts(load_corpus(), PER_TASK, tasks=tuple(load_tokenizer(base_dir).tasks))
+
+
+def write(base_dir: Path) -> Path:
+    """Decodes the base's prompts (prompts_for) with the PyTorch base and writes its parity file."""
     from builder.data.tasks import encode_prompt, load_tokenizer
     from builder.decode.torch_backend import decode_ar
     from builder.models.head import base_fingerprint
     from builder.models.llama import load_llama
 
-    base, tok = load_llama(base_dir), load_tokenizer(base_dir)
+    base, tok = load_llama(base_dir).eval(), load_tokenizer(base_dir)
     fingerprint, eos = base_fingerprint(base), base.config.eos_token_id
     entries = []
-    for p in validation_prompts(load_corpus(), PER_TASK, tasks=tuple(tok.tasks)):
+    for p in prompts_for(base_dir):
         ids = encode_prompt(tok, p["task"], p["prompt"])
         n = min(TOKENS, base.config.max_position_embeddings - len(ids))
         out = decode_ar(base, ids, n, eos)
@@ -69,10 +92,11 @@ def write(base_dir: Path) -> Path:
                         "margins": [round(m, 6) for m in out.margins], "stopped": out.stopped})
     path = path_for(fingerprint)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"base": str(base_dir), "base_fingerprint": fingerprint, "eos_token_id": eos,
-                                "tokens": TOKENS, "prompts": entries}, ensure_ascii=False) + "\n")
+    path.write_text(json.dumps({"base": str(Path(base_dir).resolve().relative_to(ROOT)), "base_fingerprint": fingerprint,
+                                "eos_token_id": eos, "tokens": TOKENS, "prompts": entries}, ensure_ascii=False) + "\n")
     return path
 
 
 if __name__ == "__main__":
-    print(f"wrote {write(Path(__file__).resolve().parent.parent / 'models' / 'base')}")
+    for base_dir in (INHOUSE, SMOLLM2):
+        print(f"wrote {write(base_dir)}")

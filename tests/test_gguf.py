@@ -11,6 +11,7 @@ from builder.data.tasks import decode, encode_prompt, encode_text, load_tokenize
 from builder.contract import BLOCKS
 from builder.errors import CheckpointError
 from builder.models import gguf
+from tests.reference import SMOLLM2_PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL = ROOT / "models" / "base"
@@ -101,35 +102,38 @@ def test_tasks_are_the_models_own_chat_template():
     assert tok.token_to_id("<|im_end|>") not in typed[len(tok.tasks["continue"]["prefix"]):-len(tok.tasks["continue"]["suffix"])]
 
 
-def test_the_imported_base_answers_in_its_own_words(smol):
-    """A wrong weight layout (q/k rows, tied head, norms) gives nonsense, not this."""
-    from builder.decode.torch_backend import decode_ar
-
+def test_the_imported_base_answers_in_its_own_words(smol_reference):
+    """A wrong weight layout (q/k rows, tied head, norms) gives nonsense, not this (the parity file's decoding,
+    which test_reference.py checks against the imported base)."""
     tok = load_tokenizer(SMOL)
-    out = decode_ar(smol, encode_prompt(tok, "continue", "What is the capital of France?"), 16, smol.config.eos_token_id)
+    out = smol_reference.decoded(encode_prompt(tok, "continue", "What is the capital of France?"), 16)
     assert "Paris" in decode(tok.tokenizer, out.ids) and out.stopped == "end-of-sequence"
 
 
-PROMPTS = [("proofread", "The functon returns a new dictionery with the same keys."),
-           ("summarize", "Hi all, the office will be closed on Monday for the public holiday. The support line stays "
-                         "open from 9 to 5, and urgent tickets go to the on-call engineer as usual. Have a good weekend!"),
-           ("reply", "Can you send me the slides from today's meeting?"),
-           ("continue", "Give me three tips for writing clear emails.")]
+PROMPTS = [(p["task"], p["prompt"]) for p in SMOLLM2_PROMPTS[:4]]  # one of each task
 
 
 @pytest.fixture(scope="module")
-def smol_export(smol, tmp_path_factory):
+def smol_reference():
+    """SmolLM2's parity file (tests/reference.py; test_reference.py decodes it again): the imported base's
+    greedy ids of its prompts, by the fingerprint that its gguf.json records and that the import checks."""
+    from tests.reference import Reference
+
+    return Reference(json.loads((SMOL / "gguf.json").read_text())["fingerprint"])
+
+
+@pytest.fixture(scope="module")
+def smol_export(smol, smol_reference, tmp_path_factory):
     """SmolLM2 with a head (random weights, seeded) with a reduced draft vocabulary of 4,096 tokens (d2t)
     that holds every token of the prompts' references, exported in fp32: (onnx dir, head)."""
     import torch
 
-    from builder.decode.torch_backend import decode_ar
     from builder.export.manifest import Checkpoints, ensure_export
     from builder.models.head import HeadConfig, MTPHead, base_fingerprint, init_random, save_head
 
     tmp = tmp_path_factory.mktemp("smol")
     tok = load_tokenizer(SMOL)
-    refs = [decode_ar(smol, encode_prompt(tok, task, text), 24, smol.config.eos_token_id) for task, text in PROMPTS]
+    refs = [smol_reference.decoded(encode_prompt(tok, task, text), 24) for task, text in PROMPTS]
     head = MTPHead(HeadConfig.for_base(smol.config, kv_layer=18, k_train=4, draft_vocab=4096,
                                        base_fingerprint=base_fingerprint(smol)))
     init_random(head, 0)
@@ -141,7 +145,8 @@ def smol_export(smol, tmp_path_factory):
     return tmp / "onnx", head.eval()
 
 
-def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol):
+@pytest.mark.slow  # decodes SmolLM2 with the head and the drafter
+def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol, smol_reference):
     """The default models: the head in models/mtp and the drafter in models/drafter, trained for this base
     (fingerprints checked on load), write the base's greedy tokens; the drafter is a model of its own (its
     own embedding over the whole vocabulary, no tensor of the base's), of the head's order of size; the
@@ -150,7 +155,7 @@ def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol):
 
     from builder.decode.drafter import load_drafter, torch_drafter
     from builder.decode.loop import acceptance, compare_to_reference, decode
-    from builder.decode.torch_backend import TorchBackend, decode_ar
+    from builder.decode.torch_backend import TorchBackend
     from builder.models.head import load_head
 
     head, drafter = load_head(ROOT / "models" / "mtp", smol), load_drafter(ROOT / "models" / "drafter", smol)
@@ -163,7 +168,7 @@ def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol):
     accepted = {}
     for task, text in PROMPTS:
         ids = encode_prompt(tok, task, text)
-        ref = decode_ar(smol, ids, 24, eos)
+        ref = smol_reference.decoded(ids, 24)
         for name, backend in (("mtp", TorchBackend(smol, head=head)), ("drafter", TorchBackend(smol, drafter=torch_drafter(drafter)))):
             with torch.no_grad():
                 out = decode(backend, ids, 24, eos, 4)
@@ -175,12 +180,12 @@ def test_the_shipped_head_and_drafter_of_smollm2_write_its_own_tokens(smol):
 
 
 @pytest.mark.slow
-def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol, smol_export):
+def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol, smol_export, smol_reference):
     """MTP with the d2t head, alone and after prompt lookup, writes the base's own greedy tokens in PyTorch and
     on onnxruntime; the export holds the GGUF's blocks, from which the page's unpack rebuilds the fp32 weights file bit for bit."""
     from builder.decode.loop import compare_to_reference, decode
     from builder.decode.onnx_backend import OnnxBackend
-    from builder.decode.torch_backend import TorchBackend, decode_ar
+    from builder.decode.torch_backend import TorchBackend
 
     onnx_dir, head = smol_export
     manifest = json.loads((onnx_dir / "manifest.json").read_text())
@@ -208,7 +213,7 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
     looked_up = 0
     for task, text in PROMPTS:
         ids = encode_prompt(tok, task, text)
-        ref = decode_ar(smol, ids, 24, smol.config.eos_token_id)
+        ref = smol_reference.decoded(ids, 24)
         for (name, backend), lookup in itertools.product(backends.items(), (False, True)):
             out = decode(backend, ids, 24, smol.config.eos_token_id, 4, lookup=lookup)
             verdict, where = compare_to_reference(ref, out.ids)
@@ -221,14 +226,13 @@ def test_mtp_on_smollm2_with_a_draft_vocabulary_is_exact_in_torch_and_onnx(smol,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,n", [("wasm", 8), ("webgpu", 2)])
-def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export, browser, tmp_path, backend, n):
+def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol_export, smol_reference, browser, tmp_path, backend, n):
     """The site of the export: the page downloads base.blocks (never the fp32 base.data), rebuilds the
     weights, and writes the base's own greedy tokens in ar and mtp (prompt lookup first, the default). On WebGPU
     the 4-bit graph (q4, its weights rebuilt from the same blocks; SwiftShader: a prompt's prefill takes about
     30 s, a pass about 10 s) on one prompt and few tokens, its MTP run traced and with the head alone: the head
     reads the base's embedding of its choice as the very GPU buffer."""
     from builder.decode.loop import compare_to_reference
-    from builder.decode.torch_backend import decode_ar
     from builder.export.manifest import Checkpoints
     from builder.site.browser import served
     from builder.site.build import build
@@ -245,7 +249,7 @@ def test_the_page_on_smollm2_downloads_its_blocks_and_is_exact(smol, smol_export
         assert page.info["precision"] == ("q4" if backend == "webgpu" else "fp32"), page.info
         traced = backend == "webgpu"
         for task, text in PROMPTS[:1 if traced else 2]:
-            ref = decode_ar(smol, encode_prompt(tok, task, text), n, smol.config.eos_token_id)
+            ref = smol_reference.decoded(encode_prompt(tok, task, text), n)
             for mode in ("ar", "mtp"):
                 got = page.generate(prompt=text, task=task, mode=mode, k=4, maxNewTokens=n, trace=traced, lookup=not traced)
                 assert compare_to_reference(ref, got["ids"])[0] != "mismatch", (backend, mode, task, ref.ids, got["ids"])
