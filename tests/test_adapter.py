@@ -187,6 +187,11 @@ STACK = "Mom: Dinner is at 7 on Sunday, don't be late\nMom: Can you bring the sa
     ("Mom asks for a refund because the product arrived broken.", "words not in the stack"),
     ("As an AI assistant I can summarize: dinner is at 7.", "assistant talk"),
     ("Mom " + "says dinner is at 7 " * 6, "words"),
+    ("Dad says dinner is at 7 on Sunday.", "Dad did not say that (dinner)"),
+    ("Mom asks if Dad is late, and Dad says no.", "Dad neither agrees nor denies"),
+    ("Dad asks whether the salad is ready.", "Dad asks, but asked nothing"),
+    ("Mom has the salad and Dad picks up Grandma.", "Mom's own question as a fact (salad)"),
+    ("Mom says my dinner is at 7.", "speaks as a sender"),
 ])
 def test_summary_checks_find_what_a_summary_invents_or_drops(summary, fault):
     faults = everyday.summary_faults(STACK, summary)
@@ -197,15 +202,26 @@ def test_summary_checks_find_what_a_summary_invents_or_drops(summary, fault):
 
 
 def test_notification_stacks_are_people_or_notices_from_their_split():
-    stacks = everyday.summary_inputs("eval", 60, seed=1)
-    assert len(stacks) == 60 and len(set(stacks)) == 60
+    stacks = everyday.summary_inputs("eval", 100, seed=1)
+    assert len(stacks) == 100 and len(set(stacks)) == 100
     people = [s for s in stacks if ": " in s.splitlines()[0] and s.split(": ")[0] in everyday.NAMES]
     assert 0.4 * len(stacks) < len(people) < len(stacks), "both message stacks and notices"
-    for s in people:
-        lines = s.splitlines()
-        assert 2 <= len(lines) <= 5 and len({line.split(": ")[0] for line in lines}) == 2, s
+    senders = [len({line.split(": ")[0] for line in s.splitlines()}) for s in people]
+    assert all(2 <= len(s.splitlines()) <= 5 for s in people)
+    assert 0.5 * len(people) < senders.count(1) < len(people) and senders.count(1) + senders.count(2) == len(people), \
+        "mostly one person writing to the reader, some group chats of two"
     texts = {m for conv in everyday.conversations("eval") for turn in conv for m in turn}
     assert all(line.split(": ", 1)[1] in texts for s in people for line in s.splitlines())
+    assert all(everyday.senders(s) for s in people) and not any(everyday.senders(s) for s in stacks if s not in people)
+
+
+def test_a_notice_copied_whole_is_a_copy_and_its_label_is_no_sender():
+    notice = "Card alert: a payment of $95.32 to Green Market was made with your card ending 9596 on Sep 23."
+    assert "a copy of one message" in everyday.summary_faults(notice, notice)
+    assert not everyday.summary_faults(notice, "You paid $95.32 to Green Market with your card ending 9596 on Sep 23.")
+    assert everyday.summary_faults("Mia: say hi to Leo for me\nJon: will do", "Leo says hi to Jon.") == \
+        ["Leo says something but sent nothing"]
+    assert everyday.senders(notice) == {} and everyday.senders("Reminder: dentist\nYour order has shipped.") == {}
 
 
 def test_the_few_shot_prompt_is_the_chat_template_with_worked_examples():

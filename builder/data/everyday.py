@@ -268,17 +268,25 @@ def notice(rng: random.Random) -> str:
     ])
 
 
-def message_stack(conv: tuple[tuple[str, ...], ...], rng: random.Random) -> str | None:
-    """2-5 consecutive messages of a conversation as a phone stacks them, "Name: message" a line (two
-    people, each a name), or None when the conversation has no such window of clean, short messages."""
-    flat = [(i % 2, m) for i, turn in enumerate(conv) for m in turn]
+def message_stack(conv: tuple[tuple[str, ...], ...], rng: random.Random, group_share: float = 0.35) -> str | None:
+    """2-5 messages of a conversation as a phone stacks them, "Name: message" a line, or None when the
+    conversation has no such run of clean, short messages. Mostly what one person sent you in a row (one
+    turn of theirs: the reader is the other person, whose own messages never notify them); group_share of
+    the time a group chat's window, two people writing to each other, each a name."""
     ok = lambda m: 2 <= len(m.split()) <= 30 and m.isascii() and "http" not in m and not BLOCKED.search(m)  # noqa: E731
+    names = rng.sample(NAMES, 2)
+    if rng.random() >= group_share:
+        runs = [turn[s:s + 5] for turn in conv for s in range(len(turn) - 1) if all(ok(m) for m in turn[s:s + 2])]
+        runs = [[m for m in r[:next((i for i, m in enumerate(r) if not ok(m)), len(r))]] for r in runs]
+        if runs:
+            run = rng.choice(runs)
+            return "\n".join(f"{names[0]}: {m}" for m in run[:rng.randint(2, len(run))])
+    flat = [(i % 2, m) for i, turn in enumerate(conv) for m in turn]
     n = rng.randint(2, 5)
     starts = [s for s in range(len(flat) - n + 1) if all(ok(m) for _, m in flat[s:s + n]) and len({w for w, _ in flat[s:s + n]}) == 2]
     if not starts:
         return None
     s = rng.choice(starts)
-    names = rng.sample(NAMES, 2)
     return "\n".join(f"{names[who]}: {m}" for who, m in flat[s:s + n])
 
 
@@ -318,12 +326,13 @@ def summary_faults(stack: str, summary: str) -> list[str]:
             faults.append(f"number {number} not in the stack")
     known = words_lower()
     for i, w in enumerate(WORD.findall(summary)):
-        if w[0].isupper() and w.lower() not in known and w not in stack and w != "I":
+        if w[0].isupper() and w.lower() not in known and w not in stack and w[:3] not in stack and w != "I":
             faults.append(f"name {w} not in the stack")
     norm = lambda t: " ".join(WORD.findall(t.lower()))  # noqa: E731
     lines = stack.splitlines()
-    for line in lines:
-        message = norm(line.split(": ", 1)[-1])
+    people = senders(stack)
+    for line in lines:  # a message without its sender's name; a notice whole ("Card alert: ..." names no one)
+        message = norm(line.split(": ", 1)[1] if people else line)
         if message and (norm(summary) == message or (len(lines) > 1 and norm(summary) in message)):
             faults.append("a copy of one message")
     if re.search(r"\b(assistant|as an ai|chatbot|i'm sorry|i can't|summary:)", summary, re.I):
@@ -333,7 +342,85 @@ def summary_faults(stack: str, summary: str) -> list[str]:
     new = [w for w in content if w.lower()[:5] not in stems]
     if content and len(new) > max(1, len(content) // 4):  # a word or a quarter of them may be the summary's own
         faults.append(f"words not in the stack ({', '.join(new[:4])})")
-    return faults
+    if re.search(r"\b(my|me|mine)\b", summary, re.I):
+        faults.append("speaks as a sender (my, me)")
+    return faults + speaker_faults(people, summary)
+
+
+SENDER = re.compile(r"([A-Z][a-z]+): (.*)")
+ASKING = re.compile(r"\b(ask|asks|asked|asking|wonders|wondering|wants to know)\b", re.I)
+# a question: it ends in "?", or (as people type them) opens like one
+QUESTION = re.compile(r".*\?\s*$|\s*(how|what|why|when|where|who|which|whose|(do|does|did|are|is|was|were|have|has|"
+                      r"can|could|would|will|should|shall)\s+(you|u|we|they|he|she|it|i|there|that|this))\b", re.I | re.S)
+ANSWER = re.compile(r"\b(yes|yeah|yep|yup|sure|no|nope|nah|not|never|nothing|none|\w+n't|dont|cant|wont|didnt|isnt)\b", re.I)
+NEGATION = re.compile(r"\b(not|never|no|nope|nah|nothing|none|nobody|\w+n't|dont|cant|wont|didnt|isnt|wasnt)\b", re.I)
+
+
+def senders(stack: str) -> dict[str, dict[str, str]]:
+    """A message stack's senders, each with what they said as statements and as questions (sentences ending
+    in "?"); empty for a notice (a stack is messages when it has two lines or more, each "Name: message")."""
+    lines = [SENDER.fullmatch(line.strip()) for line in stack.splitlines()]
+    if len(lines) < 2 or not all(lines):
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for m in lines:
+        said = out.setdefault(m.group(1), {"statements": "", "questions": "", "all": ""})
+        said["all"] += " " + m.group(2)
+        for sentence in re.findall(r"[^.!?]+[.!?]*", m.group(2)):
+            said["questions" if QUESTION.match(sentence) else "statements"] += " " + sentence
+    return out
+
+
+def speaker_faults(people: dict[str, dict[str, str]], summary: str) -> list[str]:
+    """Who said what, in a summary of a message stack: each clause whose subject is a sender ("Mia asks ...",
+    ", so Jon says ...") must be that sender's. Its words come from the sender's own messages, from what
+    another sender asked (the sender answering: then the sender's messages answer, yes or no), or from what
+    another said when that one is named before them in the clause ("agrees with Mia that ..."); words of the
+    sender's own question are said as a question ("asks"), not as a fact; "asks" needs a question of theirs
+    ("asks you to" is a request), "says no", "not" and "yes" an answer or a negation of theirs, and only a
+    sender says or asks anything."""
+    if not people:
+        return []
+    stems = lambda t: {w.lower()[:5] for w in WORD.findall(t)}  # noqa: E731
+    tokens = list(re.finditer(r"[A-Za-z]+(?:'[A-Za-z]+)*|[,;]", summary))
+    # a clause starts at a sender (or another capitalised name that says or asks) at the start or after a joint
+    starts = [i for i, t in enumerate(tokens) if t.group()[0].isupper() and t.group() != "I" and (
+        i == 0 or tokens[i - 1].group() in {",", ";", "and", "so", "but", "while", "because", "then"})]
+    faults = []
+    for n, i in enumerate(starts):
+        words = [t.group() for t in tokens[i:starts[n + 1] if n + 1 < len(starts) else None] if t.group() not in ",;"]
+        who, clause = words[0], " ".join(words)
+        if who not in people:
+            if re.match(r"\w+ (says|said|asks|asked|replies|tells|agrees)\b", clause) and who.lower() not in words_lower():
+                faults.append(f"{who} says something but sent nothing")
+            continue
+        own, others = people[who], {k: v for k, v in people.items() if k != who}
+        asking = bool(ASKING.search(clause))
+        if asking and not own["questions"] and re.search(r"\b(asks|asked|asking)\s+(if|whether|what|how|why|when|where|who)\b|\bwonder", clause, re.I):
+            faults.append(f"{who} asks, but asked nothing")
+        if re.search(r"\bsays? (no|yes)\b", clause) or NEGATION.search(clause):
+            if not ANSWER.search(own["all"]):
+                faults.append(f"{who} neither agrees nor denies")
+        borrowed = False
+        for k, w in enumerate(words[1:], 1):
+            s = w.lower()[:5]
+            if w.lower() in FRAME_WORDS or len(w) < 3 or w in people or s in stems(own["statements"]):
+                continue
+            if s in stems(own["questions"]):
+                if not asking:
+                    faults.append(f"{who}'s own question as a fact ({w})")
+                continue
+            named = [o for o in others if o in words[:k]]
+            if any(s in stems(others[o]["all"]) for o in named):
+                continue
+            if any(s in stems(v["questions"]) for v in others.values()):
+                borrowed = True
+                continue
+            if any(s in stems(v["all"]) for v in others.values()):
+                faults.append(f"{who} did not say that ({w})")
+        if borrowed and not ANSWER.search(own["all"]):
+            faults.append(f"{who} neither agrees nor denies")
+    return list(dict.fromkeys(faults))
 
 
 # Words a summary may use that its stack need not hold: who says what to whom, and the joints of a sentence.

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data.everyday import FRAME_WORDS, PAIRS, held_out, summary_faults
+from ..data.everyday import FRAME_WORDS, PAIRS, held_out, senders, summary_faults
 from ..data.tasks import decode, encode_chat, encode_prompt, encode_text, load_tokenizer
 from ..errors import UserError
 from ..models.adapter import add_adapter, load_adapter, projections, remove_adapter, save_adapter
@@ -125,8 +125,9 @@ def reply_score(text: str, answer: str, target: str) -> dict:
 
 def summarize_score(text: str, answer: str, target: str) -> dict:
     """A summary is right when it passes every faithfulness check (everyday.summary_faults)."""
-    faults = summary_faults(text, answer)
-    return {"kind": "faithful", "ok": not faults, "faults": faults}
+    faults, people = summary_faults(text, answer), len(senders(text))
+    return {"kind": "faithful", "ok": not faults, "faults": faults,
+            "part": "a notice" if not people else "one person's messages" if people == 1 else "a group chat"}
 
 
 SCORES = {"proofread": proofread_score, "reply": reply_score, "summarize": summarize_score}
@@ -194,11 +195,16 @@ def quality(model: Llama, tok, task: str, pairs: list[tuple[str, str]], eos: int
     """The feature's scores on pairs: the share right, per kind, with every answer."""
     got = answers(model, tok, task, [t for t, _ in pairs], eos)
     rows = [{"text": t, "target": g, "answer": a, **SCORES[task](t, a, g)} for (t, g), a in zip(pairs, got)]
-    kinds = {}
+    kinds, parts = {}, {}
     for r in rows:
         kinds.setdefault(r["kind"], []).append(r["ok"])
-    return {"shares": {k: round(sum(v) / len(v), 4) for k, v in kinds.items()},
-            "counts": {k: len(v) for k, v in kinds.items()}, "rows": rows}
+        if "part" in r:  # summarize: the share right per kind of stack as well
+            parts.setdefault(r["part"], []).append(r["ok"])
+    share = lambda groups: {k: round(sum(v) / len(v), 4) for k, v in groups.items()}  # noqa: E731
+    out = {"shares": share(kinds), "counts": {k: len(v) for k, v in kinds.items()}, "rows": rows}
+    if parts:
+        out["parts"] = {k: {"share": share(parts)[k], "count": len(v)} for k, v in parts.items()}
+    return out
 
 
 # --- the run ---------------------------------------------------------------------------------------------
