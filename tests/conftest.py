@@ -243,8 +243,19 @@ class Page:
         self.context.close()
 
 
+# Fixtures that cost more than half a minute to set up on the 2-core machine: every test that needs one is slow.
+SLOW_FIXTURES = {"onnx_dir": "the in-house models' ONNX export, about 90 s",
+                 "tiny_onnx": "the tiny models exported in every precision, about 45 s",
+                 "adapted_export": "the tiny base exported with three adapters (test_adapter.py), about 45 s"}
+
+
 def pytest_collection_modifyitems(items):
-    """Every test that drives the browser carries the `browser` marker (pyproject.toml)."""
+    """Every test that drives the browser carries the `browser` marker, and every test that needs a fixture
+    of SLOW_FIXTURES the `slow` marker (pyproject.toml): the quick run (-m "not slow and not browser") stays
+    under 3 minutes."""
     for item in items:
-        if "browser" in getattr(item, "fixturenames", ()):
+        names = set(getattr(item, "fixturenames", ()))
+        if "browser" in names:
             item.add_marker(pytest.mark.browser)
+        if names & SLOW_FIXTURES.keys():
+            item.add_marker(pytest.mark.slow)

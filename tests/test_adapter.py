@@ -126,6 +126,7 @@ def test_injected_mistakes_are_real_ones_and_each_kind_occurs():
     assert kinds_seen == set(everyday.KINDS), f"kinds never injected: {set(everyday.KINDS) - kinds_seen}"
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_held_out_texts_never_reach_training():
     train, held = set(everyday.clean_sentences("train")), set(everyday.clean_sentences("eval"))
     assert len(held) > 1000 and not held & train

@@ -36,6 +36,7 @@ def test_generate_json_has_the_contract_fields(base):
     assert out["lookups"] == [] and out["verified"] == [1] * out["steps"]
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_generate_decodes_with_the_head_by_default_as_the_page_does():
     r = run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json")
     ar = json.loads(run("generate", *INHOUSE, "--prompt", "The json module", "--max-new-tokens", "12", "--json", "--mode", "ar").stdout)
@@ -65,6 +66,7 @@ def test_prompt_too_long_for_the_context_window_is_a_clear_error():
     expect_error(run("generate", *INHOUSE, "--prompt", "word " * (CONTEXT + 40)), f"context window of {CONTEXT} tokens", "shorten it")
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_new_tokens_are_clamped_to_the_context_window_and_the_stop_says_so():
     r = run("generate", *INHOUSE, "--prompt", "word " * (CONTEXT - 6), "--max-new-tokens", "1000", "--json")
     assert r.returncode == 0, r.stderr
@@ -150,6 +152,7 @@ def test_corrupt_or_missing_weights_are_a_clear_error(tmp_path, damage):
     expect_error(run("generate", "--prompt", "hi", "--base", str(d)), "model.safetensors")
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_a_head_trained_for_another_base_is_refused(tmp_path):
     """The same architecture with one weight changed is another base: the head's fingerprint check fails."""
     from safetensors.torch import load_file, save_file
@@ -219,6 +222,7 @@ def test_a_config_with_a_missing_key_or_a_wrong_type_is_a_clear_error(tmp_path, 
     expect_error(run("generate", "--prompt", "hi", "--base", d, "--mode", "ar"), str(tmp_path), *fragments)
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_a_gguf_json_that_is_not_json_is_a_clear_error(tmp_path):
     d = tmp_path / "base"
     d.mkdir()
@@ -249,6 +253,7 @@ def test_a_full_disk_on_the_output_is_one_line():
     expect_error(r, "no space left on the device writing the output")
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_undecodable_command_line_bytes_are_replaced_not_a_traceback():
     r = subprocess.run([sys.executable, "-m", "builder", "generate", "--prompt", b"caf\xe9 ok", "--max-new-tokens", "2",
                         "--json"], cwd=ROOT, capture_output=True, timeout=300)

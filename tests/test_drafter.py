@@ -52,6 +52,7 @@ def test_drafter_reads_only_the_tokens_decided_since_its_last_call(drafter):
     assert fed == [[61]]
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_drafter_speculative_decoding_equals_the_reference(base, drafter, tokenizer, validation_prompts, reference):
     eos = base.config.eos_token_id
     counts = {"equal": 0, "near-tie": 0, "mismatch": 0}

@@ -11,6 +11,7 @@ from builder.errors import PromptError
 from tests.conftest import HEAD_DIR
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_cached_greedy_equals_naive_recompute_on_validation_prompts(base, tokenizer, validation_prompts):
     eos = base.config.eos_token_id
     prompts = validation_prompts[:6] + validation_prompts[30:36]  # both tasks

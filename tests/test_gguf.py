@@ -36,6 +36,7 @@ def test_import_writes_the_committed_checkpoint_and_its_fingerprint(tmp_path):
             cfg["vocab_size"], cfg["tie_word_embeddings"]) == (30, 576, 9, 3, 49152, True)
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_a_cache_of_other_weights_or_another_file_is_refused(tmp_path):
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "gguf.json"):
         shutil.copy(SMOL / name, tmp_path / name)

@@ -221,6 +221,7 @@ def test_a_stage_can_replay_the_stages_before_it(corpus, tmp_path, monkeypatch):
         train_head(tiny, tok, small, HeadTrainConfig(steps=1, replay=True, init=str(tmp_path / "first"), **cfg))
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_cached_features_and_a_draft_vocabulary(corpus, tmp_path):
     """--cache-features trains as the base run at every step does (its features kept in fp16: the same
     loss to fp16's precision), from parts a second run reads back; --draft-vocab N drafts only the base's
@@ -353,6 +354,7 @@ def test_interrupted_training_resumes_to_the_same_weights(corpus, tmp_path, monk
         train_head(tiny, tok, small, other, run_dir=tmp_path)
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_cli_mtp_json_reports_steps_and_acceptance():
     a = run("generate", "--prompt", "Teh list is sortd in place.", "--task", "proofread", "--json", "--mode", "ar")
     m = run("generate", "--prompt", "Teh list is sortd in place.", "--task", "proofread", "--json",

@@ -2,6 +2,8 @@
 binary, on the shipped SmolLM2 GGUF. It fails, not skips, when bench/native/ is not installed (.ci/setup)."""
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import ROOT
 
 SMOL = ROOT / "models" / "base"
@@ -33,6 +35,7 @@ def test_llamacpp_decodes_the_smollm2_gguf_greedily_from_token_ids():
     assert second["ids"] == first["ids"]  # greedy: the same output every run
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (the quick run stays under 3 minutes)
 def test_bench_measures_a_peer_as_it_measures_plain_decoding():
     """bench's peer rows (run.measure_peer): every round of every task in one load, timed over the whole call
     and after the first token, checked against the same reference as our runtimes; the report sets our MTP
