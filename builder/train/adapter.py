@@ -203,7 +203,7 @@ def quality(model: Llama, tok, task: str, pairs: list[tuple[str, str]], eos: int
     share = lambda groups: {k: round(sum(v) / len(v), 4) for k, v in groups.items()}  # noqa: E731
     out = {"shares": share(kinds), "counts": {k: len(v) for k, v in kinds.items()}, "rows": rows}
     if parts:
-        out["parts"] = {k: {"share": share(parts)[k], "count": len(v)} for k, v in parts.items()}
+        out["parts"] = {k: {"share": v, "count": len(parts[k])} for k, v in share(parts).items()}
     return out
 
 
@@ -298,6 +298,7 @@ def fault_counts(candidates: list[dict]) -> dict[str, int]:
     for c in candidates:
         for kind in {re.sub(r" \S+ not in the stack$", " not in the stack", f).split(" (")[0] for f in c["faults"]}:
             kind = re.sub(r"^\d+ words$", "not 3-25 words", kind)
+            kind = re.sub(r"^[A-Z][a-z]+(?='s | )", "a sender", kind)  # who said what: one row, not one a name
             counts[kind] = counts.get(kind, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
