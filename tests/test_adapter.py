@@ -193,6 +193,15 @@ STACK = "Mom: Dinner is at 7 on Sunday, don't be late\nMom: Can you bring the sa
     ("Dad asks whether the salad is ready.", "Dad asks, but asked nothing"),
     ("Mom has the salad and Dad picks up Grandma.", "Mom's own question as a fact (salad)"),
     ("Mom says my dinner is at 7.", "speaks as a sender"),
+    ("Mom says I should bring the salad.", "speaks as a sender (I, my, me)"),
+    ("Mom: Can you bring the salad?", "a copy of one message"),
+    ("Dad: pick up Grandma, and Mom says dinner is at 7.", "a message, not a summary"),
+    ("Mom says dinner is at 7, and Mom says dinner is at 7 on Sunday.", "says the same thing twice"),
+    ("Mom says dinner is at 7 on Sunday and to bring the salda.", "not a word (salda)"),
+    ("Mom says dinner is at 7 on Sunday, so Max brings the salad.", "name Max not in the stack"),
+    ("Mom asks Mom to bring the salad.", "Mom talks to themselves"),
+    # another form of a word the stack holds is that word ("picking up", "is asking"); a reporting verb frames
+    ("Mom is asking you to bring the salad, and Dad is telling you about picking up Grandma.", None),
 ])
 def test_summary_checks_find_what_a_summary_invents_or_drops(summary, fault):
     faults = everyday.summary_faults(STACK, summary)
@@ -219,6 +228,8 @@ def test_notification_stacks_are_people_or_notices_from_their_split():
 def test_a_notice_copied_whole_is_a_copy_and_its_label_is_no_sender():
     notice = "Card alert: a payment of $95.32 to Green Market was made with your card ending 9596 on Sep 23."
     assert "a copy of one message" in everyday.summary_faults(notice, notice)
+    assert "a message, not a summary (Name: ...)" in everyday.summary_faults(
+        notice + "\nYour order #12 has shipped.", "Card alert: a payment of $95.32 to Green Market, and order #12 has shipped.")
     assert not everyday.summary_faults(notice, "You paid $95.32 to Green Market with your card ending 9596 on Sep 23.")
     assert everyday.summary_faults("Mia: say hi to Leo for me\nJon: will do", "Leo says hi to Jon.") == \
         ["Leo says something but sent nothing"]

@@ -314,7 +314,9 @@ NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 def summary_faults(stack: str, summary: str) -> list[str]:
     """What makes a summary unfaithful or unusable for a notification (none: it passes): more than one
     sentence or more than 25 words, a number or a name that the stack does not hold, a copy of one of its
-    messages (or, in a stack of several, a piece of one that says nothing of the others), an assistant's talk."""
+    messages (or, in a stack of several, a piece of one that says nothing of the others) or a message of its
+    own ("Name: ..."), an assistant's talk, words the stack does not hold (more than one or a quarter, or one
+    that is no word), three words said twice, a sender's voice (I, my, me), and who said what (speaker_faults)."""
     faults = []
     words = summary.split()
     if not 3 <= len(words) <= 25:
@@ -325,25 +327,37 @@ def summary_faults(stack: str, summary: str) -> list[str]:
         if number not in stack:
             faults.append(f"number {number} not in the stack")
     known = words_lower()
+    stems = {stem(w) for w in WORD.findall(stack)}
     for i, w in enumerate(WORD.findall(summary)):
-        if w[0].isupper() and w.lower() not in known and w not in stack and w[:3] not in stack and w != "I":
+        if not w[0].isupper() or w == "I" or w in stack or w[:3] in stack:
+            continue
+        if w.lower() not in known or (i > 0 and stem(w) not in stems):  # capitalised mid-sentence, a name: "Max"
             faults.append(f"name {w} not in the stack")
     norm = lambda t: " ".join(WORD.findall(t.lower()))  # noqa: E731
     lines = stack.splitlines()
     people = senders(stack)
-    for line in lines:  # a message without its sender's name; a notice whole ("Card alert: ..." names no one)
+    for line in lines:  # a message with or without its sender's name; a notice whole ("Card alert: ..." names no one)
         message = norm(line.split(": ", 1)[1] if people else line)
-        if message and (norm(summary) == message or (len(lines) > 1 and norm(summary) in message)):
+        if message and (norm(summary) in (message, norm(line)) or (len(lines) > 1 and norm(summary) in message)):
             faults.append("a copy of one message")
+    labels = {line.split(": ", 1)[0] + ":" for line in lines if ": " in line}  # a sender's name, "Card alert"
+    if (people and SENDER.match(summary.strip())) or summary.strip().startswith(tuple(labels)):
+        faults.append("a message, not a summary (Name: ...)")
     if re.search(r"\b(assistant|as an ai|chatbot|i'm sorry|i can't|summary:)", summary, re.I):
         faults.append("assistant talk")
-    stems = {w.lower()[:5] for w in WORD.findall(stack)}
     content = [w for w in WORD.findall(summary) if w.lower() not in FRAME_WORDS and len(w) > 2]
-    new = [w for w in content if w.lower()[:5] not in stems]
+    new = [w for w in content if stem(w) not in stems]
     if content and len(new) > max(1, len(content) // 4):  # a word or a quarter of them may be the summary's own
         faults.append(f"words not in the stack ({', '.join(new[:4])})")
-    if re.search(r"\b(my|me|mine)\b", summary, re.I):
-        faults.append("speaks as a sender (my, me)")
+    if garbled := [w for w in new if w.islower() and w not in known and w.replace("'", "") not in known]:
+        faults.append(f"not a word ({', '.join(garbled[:3])})")
+    said = [w.lower() for w in WORD.findall(summary)]
+    threes = [tuple(map(stem, said[i:i + 3])) for i in range(len(said) - 2)
+              if any(w not in FRAME_WORDS for w in said[i:i + 3])]  # "asks you to" twice is a frame, not a repeat
+    if len(set(threes)) < len(threes):
+        faults.append("says the same thing twice")
+    if re.search(r"\b(i|i'm|i've|i'll|i'd|im|ive|my|me|mine|myself)\b", summary, re.I):
+        faults.append("speaks as a sender (I, my, me)")
     return faults + speaker_faults(people, summary)
 
 
@@ -381,7 +395,7 @@ def speaker_faults(people: dict[str, dict[str, str]], summary: str) -> list[str]
     sender says or asks anything."""
     if not people:
         return []
-    stems = lambda t: {w.lower()[:5] for w in WORD.findall(t)}  # noqa: E731
+    stems = lambda t: {stem(w) for w in WORD.findall(t)}  # noqa: E731
     tokens = list(re.finditer(r"[A-Za-z]+(?:'[A-Za-z]+)*|[,;]", summary))
     # a clause starts at a sender (or another capitalised name that says or asks) at the start or after a joint
     starts = [i for i, t in enumerate(tokens) if t.group()[0].isupper() and t.group() != "I" and (
@@ -395,6 +409,8 @@ def speaker_faults(people: dict[str, dict[str, str]], summary: str) -> list[str]
                 faults.append(f"{who} says something but sent nothing")
             continue
         own, others = people[who], {k: v for k, v in people.items() if k != who}
+        if who in words[1:]:
+            faults.append(f"{who} talks to themselves")
         asking = bool(ASKING.search(clause))
         if asking and not own["questions"] and re.search(r"\b(asks|asked|asking)\s+(if|whether|what|how|why|when|where|who)\b|\bwonder", clause, re.I):
             faults.append(f"{who} asks, but asked nothing")
@@ -403,7 +419,7 @@ def speaker_faults(people: dict[str, dict[str, str]], summary: str) -> list[str]
                 faults.append(f"{who} neither agrees nor denies")
         borrowed = False
         for k, w in enumerate(words[1:], 1):
-            s = w.lower()[:5]
+            s = stem(w)
             if w.lower() in FRAME_WORDS or len(w) < 3 or w in people or s in stems(own["statements"]):
                 continue
             if s in stems(own["questions"]):
@@ -423,13 +439,34 @@ def speaker_faults(people: dict[str, dict[str, str]], summary: str) -> list[str]
     return list(dict.fromkeys(faults))
 
 
+def stem(word: str) -> str:
+    """A word's first five letters once its ending is cut (-'s, -ing, -ed, -es, -s, then a final e):
+    "talking", "talked" and "talks" are "talk"; "hoping" and "hopes" are "hope"'s; "plugged" is "plug"'s;
+    "pass" keeps its s. Two words are the same word when their stems are."""
+    w = word.lower().removesuffix("'s")
+    cut = ""
+    for end in ("ing", "ed", "es", "s"):
+        if w.endswith(end) and len(w) - len(end) >= 3 and not w.endswith("ss"):
+            if end == "es" and not re.search(r"(s|x|z|ch|sh)es$", w):
+                continue  # "hopes": only its s
+            w, cut = w[: -len(end)], end
+            break
+    if cut in ("ing", "ed") and len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz":
+        w = w[:-1]  # plugg(ed) -> plug; not "call(ing)" or "pass(ed)"
+    if len(w) > 3 and w.endswith("e"):
+        w = w[:-1]
+    return w[:5]
+
+
 # Words a summary may use that its stack need not hold: who says what to whom, and the joints of a sentence.
 FRAME_WORDS = set("""a an the and but or so because if that this these those then than to of in on at for with from by about
 as is are was were be been being has have had will would can could should may might do does did not no yes
-you your you're yours he she they them their his her him it its it's we our us i me my who what when where why how
-asks ask asked says say said tells tell told wants want wanted thinks think thought wonders wonder mentions mention
-adds add replies reply answers answer agrees agree suggests suggest plans plan talks talk chat chatting shares share
-also still just both each other about while after before up out there here some any all more most""".split())
+you your you're yours he she they them their his her him it its it's he's she's they're we our us i me my
+who what when where why how also still just both each other while after before up out there here some any all more most
+ask asks asked asking tell tells telling told say says saying said talk talks talked talking want wants wanted wanting
+think thinks thinking thought wonder wonders wondered wondering mention mentions mentioned mentioning add adds added
+adding reply replies replied replying answer answers answered answering agree agrees agreed agreeing suggest suggests
+suggested suggesting plan plans planned planning share shares shared sharing chat chats chatted chatting""".split())
 
 
 @lru_cache(maxsize=1)
