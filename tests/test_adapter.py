@@ -236,6 +236,24 @@ def test_a_notice_copied_whole_is_a_copy_and_its_label_is_no_sender():
     assert everyday.senders(notice) == {} and everyday.senders("Reminder: dentist\nYour order has shipped.") == {}
 
 
+def test_few_shot_candidates_are_the_greedy_answer_then_seeded_samples(fresh_base):
+    from builder.train.adapter import SAMPLES, few_shot_candidates
+    from builder.train.distill import greedy_continuations
+
+    fresh_base.eval()
+    g = torch.Generator().manual_seed(3)
+    head = torch.randint(5, 400, (24,), generator=g).tolist()  # the worked examples every prompt shares
+    prompts = [head + torch.randint(5, 400, (n,), generator=g).tolist() for n in (3, 5, 3, 4)]
+    eos = fresh_base.config.eos_token_id
+    got = few_shot_candidates(fresh_base, prompts, eos, seed=7)
+    assert got == few_shot_candidates(fresh_base, prompts, eos, seed=7), "a seed gives the same candidates"
+    greedy = greedy_continuations(fresh_base, prompts, 48, eos)
+    for prompt, cands, (n, seq) in zip(prompts, got, greedy):
+        assert len(cands) == SAMPLES and all(lp <= 0 for _, lp in cands)
+        assert cands[0][0] == [t for t in seq[n:] if t != eos], "the first candidate is the prompt's greedy answer"
+        assert len({tuple(c) for c, _ in cands}) > 1, "the others are samples"
+
+
 def test_the_few_shot_prompt_is_the_chat_template_with_worked_examples():
     from pathlib import Path
 

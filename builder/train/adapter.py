@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from ..data.everyday import FRAME_WORDS, PAIRS, held_out, senders, summary_faults
 from ..data.tasks import decode, encode_chat, encode_prompt, encode_text, load_tokenizer
@@ -38,7 +39,7 @@ from ..models.adapter import add_adapter, load_adapter, projections, remove_adap
 from ..models.head import base_fingerprint
 from ..models.llama import Llama, load_llama
 from .cards import render_card
-from .distill import distilled, greedy_continuations
+from .distill import DISTILL_CACHE, greedy_continuations
 from .loop import Run, Schedule, train
 
 logger = logging.getLogger(__name__)
@@ -157,15 +158,81 @@ def few_shot_prompt(tok, stack: str) -> list[int]:
     return encode_chat(tok, messages + [{"role": "user", "content": FEW_SHOT_INSTRUCTION + stack}])
 
 
-def distilled_summaries(base: Llama, tok, stacks: list[str], fingerprint: str) -> list[dict]:
-    """The base's greedy summary of every stack under the few-shot prompt (kept in build/distill/, resumable),
-    each with the faithfulness checks' faults: the candidates; those with none are the training targets."""
+SAMPLES = 6          # candidate summaries per stack: the base's greedy one, then samples
+TEMPERATURE = 0.7
+
+
+@torch.no_grad()
+def few_shot_candidates(base: Llama, prompts: list[list[int]], eos: int, seed: int, batch: int = 12) -> list[list[tuple[list[int], float]]]:
+    """SAMPLES continuations of every prompt by the base: the greedy one first, then samples at TEMPERATURE
+    (a generator seeded by seed and the batch), each with its mean log-probability under the base (T = 1).
+
+    The prompts' common head (the instruction and the worked examples, nine tenths of each) runs once; each
+    prompt's own tail goes on from its cache, in batches of tails of one length (no padding: every row is its
+    prompt's own decoding up to float rounding), and its cache is repeated for its samples."""
+    shared = next(i for i, col in enumerate(zip(*prompts)) if len(set(col)) > 1) if len(prompts) > 1 else len(prompts[0]) - 1
+    _, _, head = base(torch.tensor([prompts[0][:shared]]))
+    by_length: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p), []).append(i)
+    groups = [g[j:j + batch] for _, g in sorted(by_length.items()) for j in range(0, len(g), batch)]
+    out: list = [None] * len(prompts)
+    gen = torch.Generator().manual_seed(seed)
+    for rows in tqdm(groups, desc="few-shot candidates", unit="batch"):
+        B, n = len(rows), SAMPLES
+        tails = torch.tensor([prompts[i][shared:] for i in rows])
+        past = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in head]
+        logits, _, cache = base(tails, past, at=torch.tensor([tails.shape[1] - 1]))
+        cache = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in cache]
+        logits = logits[:, -1].repeat_interleave(n, 0)  # (B * n, V): row r * n is prompt r's greedy one
+        greedy = torch.arange(B) * n
+        seqs, logp = [], torch.zeros(B * n)
+        done = torch.zeros(B * n, dtype=torch.bool)
+        for _ in range(NEW_TOKENS["summarize"]):
+            nxt = torch.multinomial(F.softmax(logits / TEMPERATURE, -1), 1, generator=gen)[:, 0]
+            nxt[greedy] = logits[greedy].argmax(-1)
+            nxt[done] = eos
+            logp += torch.where(done, 0.0, F.log_softmax(logits, -1).gather(1, nxt[:, None])[:, 0])
+            seqs.append(nxt)
+            done |= nxt == eos
+            if done.all():
+                break
+            logits, _, cache = base(nxt[:, None], cache)
+            logits = logits[:, -1]
+        full = torch.stack(seqs, 1).tolist()
+        for r, i in enumerate(rows):
+            cands = []
+            for row, lp in zip(full[r * n:(r + 1) * n], logp[r * n:(r + 1) * n].tolist()):
+                new = row[: row.index(eos)] if eos in row else row
+                cands.append((new, lp / max(1, len(new))))
+            out[i] = cands
+    return out
+
+
+def distilled_summaries(base: Llama, tok, stacks: list[str], fingerprint: str, seed: int = 0) -> list[dict]:
+    """The base's summaries of every stack under the few-shot prompt (`few_shot_candidates`, kept in
+    build/distill/ in parts of 400 stacks, resumable), each with the faithfulness checks' faults. A stack's candidate is its
+    greedy summary when that passes every check, else the passing sample the base finds likeliest, else the
+    greedy one (with its faults): those with none are the training targets."""
     prompts = [few_shot_prompt(tok, s) for s in stacks]
-    got = distilled(base, fingerprint, prompts, NEW_TOKENS["summarize"], part=128)
-    out = []
-    for stack, (n, seq) in zip(stacks, got):
-        summary = decode(tok, seq[n:]).strip()
-        out.append({"stack": stack, "summary": summary, "faults": summary_faults(stack, summary) + echoes(stack, summary)})
+    out, part = [], 400  # a part's stacks share batches by length: bigger parts, fuller batches
+    for start in range(0, len(stacks), part):  # a part is kept by its own prompts: a longer run reuses a shorter's
+        key = [fingerprint, prompts[start:start + part], NEW_TOKENS["summarize"], SAMPLES, TEMPERATURE, seed, start]
+        path = DISTILL_CACHE / f"summaries-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_file():
+            got = torch.load(path, weights_only=True)
+        else:
+            got = few_shot_candidates(base, prompts[start:start + part], base.config.eos_token_id, seed * 7919 + start)
+            torch.save(got, path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").replace(path)
+        for stack, cands in zip(stacks[start:start + part], got):
+            rows = [{"stack": stack, "summary": (s := decode(tok, ids).strip()), "logp": lp,
+                     "faults": summary_faults(stack, s) + echoes(stack, s)} for ids, lp in cands]
+            passing = sorted((r for r in rows[1:] if not r["faults"]), key=lambda r: -r["logp"])
+            best = rows[0] if not rows[0]["faults"] or not passing else passing[0]
+            out.append({"stack": stack, "summary": best["summary"], "faults": best["faults"],
+                        "greedy": best is rows[0], "passing": sum(not r["faults"] for r in rows)})
     return out
 
 
@@ -277,7 +344,8 @@ def train_adapter(base_dir: Path, out: Path, run_dir: Path, cfg: AdapterTrainCon
            "train_pairs": len(examples), "train_digest": digest(pairs), "held_out": len(evaluation),
            "left_out_as_held_out": overlap,
            "candidates": None if candidates is None else {
-               "count": len(candidates), "kept": len(pairs),
+               "count": len(candidates), "kept": len(pairs), "samples_per_stack": SAMPLES, "temperature": TEMPERATURE,
+               "greedy": sum(c["greedy"] and not c["faults"] for c in candidates),
                "faults": fault_counts(candidates), "samples": candidates[:10]},
            "held_out_digest": digest(evaluation), "steps": state.step, "train_minutes": round(state.train_seconds / 60, 1),
            "final_loss": round(state.mean_loss(), 4), "eval_minutes": round((time.time() - started) / 60, 1),
