@@ -39,7 +39,7 @@ from ..models.adapter import add_adapter, load_adapter, projections, remove_adap
 from ..models.head import base_fingerprint
 from ..models.llama import Llama, load_llama
 from .cards import render_card
-from .distill import DISTILL_CACHE, greedy_continuations
+from .distill import greedy_continuations, kept
 from .loop import Run, Schedule, train
 
 logger = logging.getLogger(__name__)
@@ -211,21 +211,15 @@ def few_shot_candidates(base: Llama, prompts: list[list[int]], eos: int, seed: i
 
 def distilled_summaries(base: Llama, tok, stacks: list[str], fingerprint: str, seed: int = 0) -> list[dict]:
     """The base's summaries of every stack under the few-shot prompt (`few_shot_candidates`, kept in
-    build/distill/ in parts of 400 stacks, resumable), each with the faithfulness checks' faults. A stack's candidate is its
-    greedy summary when that passes every check, else the passing sample the base finds likeliest, else the
-    greedy one (with its faults): those with none are the training targets."""
+    build/distill/ in parts of 400 stacks, resumable), each with the faithfulness checks' faults. A stack's
+    candidate is its greedy summary when that passes every check, else the passing sample the base finds
+    likeliest, else the greedy one (with its faults): those with none are the training targets."""
     prompts = [few_shot_prompt(tok, s) for s in stacks]
     out, part = [], 400  # a part's stacks share batches by length: bigger parts, fuller batches
     for start in range(0, len(stacks), part):  # a part is kept by its own prompts: a longer run reuses a shorter's
         key = [fingerprint, prompts[start:start + part], NEW_TOKENS["summarize"], SAMPLES, TEMPERATURE, seed, start]
-        path = DISTILL_CACHE / f"summaries-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]}.pt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_file():
-            got = torch.load(path, weights_only=True)
-        else:
-            got = few_shot_candidates(base, prompts[start:start + part], base.config.eos_token_id, seed * 7919 + start)
-            torch.save(got, path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").replace(path)
+        got = kept(f"summaries-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]}.pt", lambda: few_shot_candidates(
+            base, prompts[start:start + part], base.config.eos_token_id, seed * 7919 + start))
         for stack, cands in zip(stacks[start:start + part], got):
             rows = [{"stack": stack, "summary": (s := decode(tok, ids).strip()), "logp": lp,
                      "faults": summary_faults(stack, s) + echoes(stack, s)} for ids, lp in cands]

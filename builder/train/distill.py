@@ -122,30 +122,35 @@ def greedy_continuations(base: Llama, prompts: list[list[int]], new_tokens: int,
 DISTILL_CACHE = Path(__file__).resolve().parents[2] / "build" / "distill"
 
 
+def kept(name: str, compute):
+    """compute()'s result, kept as build/distill/name: read back when there, else computed and saved (whole, then
+    renamed into place), so a stopped run goes on where it was."""
+    path = DISTILL_CACHE / name
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    got = compute()
+    torch.save(got, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return got
+
+
 def distilled(base: Llama, fingerprint: str, prompts: list[list[int]], new_tokens: int, kv_layer: int | None = None,
               part: int = 512):
     """greedy_continuations, kept in build/distill/ by (base, prompts, length, kv_layer) in parts of `part`
     prompts, so a stopped run goes on where it was: train-head and train-drafter distil the same data.
     With kv_layer returns (data, features), as greedy_continuations does."""
     key = hashlib.sha256(json.dumps([fingerprint, prompts, new_tokens, kv_layer]).encode()).hexdigest()[:20]
-    where = DISTILL_CACHE / key
-    where.mkdir(parents=True, exist_ok=True)
     data, feats = [], []
     for start in range(0, len(prompts), part):
-        path = where / f"{start:07d}.pt"
-        if path.is_file():
-            got = torch.load(path, weights_only=True)
-        else:
-            got = greedy_continuations(base, prompts[start:start + part], new_tokens, base.config.eos_token_id,
-                                       kv_layer=kv_layer)
-            torch.save(got, path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").replace(path)
+        got = kept(f"{key}/{start:07d}.pt", lambda: greedy_continuations(
+            base, prompts[start:start + part], new_tokens, base.config.eos_token_id, kv_layer=kv_layer))
         if kv_layer is None:
             data += got
         else:
             data += got[0]
             feats += got[1]
-    logger.info("the base's continuations of %d prompts: %s", len(prompts), where)
+    logger.info("the base's continuations of %d prompts: %s", len(prompts), DISTILL_CACHE / key)
     return data if kv_layer is None else (data, feats)
 
 
