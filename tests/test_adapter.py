@@ -200,6 +200,9 @@ STACK = "Mom: Dinner is at 7 on Sunday, don't be late\nMom: Can you bring the sa
     ("Mom says dinner is at 7 on Sunday and to bring the salda.", "not a word (salda)"),
     ("Mom says dinner is at 7 on Sunday, so Max brings the salad.", "name Max not in the stack"),
     ("Mom asks Mom to bring the salad.", "Mom talks to themselves"),
+    ("Mom says dinner is at 7 on Sunday and asks for the salad, a big salad.", "more often than the stack (salad)"),
+    # a sender named twice is no repeat
+    ("Mom says dinner is at 7 on Sunday, and Mom asks you to bring the salad.", None),
     # another form of a word the stack holds is that word ("picking up", "is asking"); a reporting verb frames
     ("Mom is asking you to bring the salad, and Dad is telling you about picking up Grandma.", None),
 ])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections import Counter
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -316,7 +317,8 @@ def summary_faults(stack: str, summary: str) -> list[str]:
     sentence or more than 25 words, a number or a name that the stack does not hold, a copy of one of its
     messages (or, in a stack of several, a piece of one that says nothing of the others) or a message of its
     own ("Name: ..."), an assistant's talk, words the stack does not hold (more than one or a quarter, or one
-    that is no word), three words said twice, a sender's voice (I, my, me), and who said what (speaker_faults)."""
+    that is no word), three words said twice or a word said more often than the stack says it, a sender's
+    voice (I, my, me), and who said what (speaker_faults)."""
     faults = []
     words = summary.split()
     if not 3 <= len(words) <= 25:
@@ -356,9 +358,20 @@ def summary_faults(stack: str, summary: str) -> list[str]:
               if any(w not in FRAME_WORDS for w in said[i:i + 3])]  # "asks you to" twice is a frame, not a repeat
     if len(set(threes)) < len(threes):
         faults.append("says the same thing twice")
+    if again := repeated(stack, summary, people):
+        faults.append(f"says a word more often than the stack ({', '.join(again[:3])})")
     if re.search(r"\b(i|i'm|i've|i'll|i'd|im|ive|my|me|mine|myself)\b", summary, re.I):
         faults.append("speaks as a sender (I, my, me)")
     return faults + speaker_faults(people, summary)
+
+
+def repeated(stack: str, summary: str, people) -> list[str]:
+    """The summary's words (but a sender's name or a frame word) it says more often than the stack does, twice
+    at least: filler ("Emma is ready and ready"), a word it made up said again ("a yacht, and a yacht")."""
+    count = lambda t: Counter(stem(w) for w in WORD.findall(t)  # noqa: E731
+                              if w.lower() not in FRAME_WORDS and len(w) > 2 and w not in people)
+    have, said = count(stack), count(summary)
+    return [w for w, n in said.items() if n > max(1, have[w])]
 
 
 SENDER = re.compile(r"([A-Z][a-z]+): (.*)")
